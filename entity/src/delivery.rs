@@ -1,0 +1,31 @@
+//! `deliveries` table. Spec: delivery-model.md §2. State machine: §6.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "deliveries")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub subscription_id: String,
+    pub event_id: String,
+    pub sequence: i64,
+    pub revision: i64,
+    /// `PENDING | LEASED | ACKED | EXPIRED`.
+    pub state: String,
+    pub available_at: i64,
+    pub lease_epoch: i64,
+    pub lease_until: Option<i64>,
+    /// Lowercase hex SHA-256 of the latest lease secret; never returned or logged.
+    pub lease_digest: Option<String>,
+    pub lease_session_id: Option<String>,
+    pub attempts: i32,
+    pub attempt_budget: i32,
+    pub acknowledged_at: Option<i64>,
+    pub created_at: i64,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,18 @@
+//! Schema migrations of orbit-events (sea-orm-migration).
+//!
+//! One file per migration; a migration is never edited after it has landed:
+//! changes go into a new file appended to [`Migrator::migrations`].
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261130_000001_initial;
+
+/// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261130_000001_initial::Migration)]
+    }
+}

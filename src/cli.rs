@@ -1,0 +1,215 @@
+//! The `orbit-events` command line (spec: architecture.md §5).
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    config::{Settings, redact_url},
+    domain::{CredentialId, Permission, SubscriptionName},
+    startup::Application,
+    store::{Database, tenancy},
+    telemetry,
+};
+
+/// orbit-events: delivers task results to applications over the
+/// orbit.events.v1 WebSocket protocol, at least once, persisted before
+/// announced.
+#[derive(Debug, Parser)]
+#[command(name = "orbit-events", version, propagate_version = true)]
+pub struct Cli {
+    /// Write log lines as JSON (to stderr).
+    #[arg(long, global = true)]
+    pub log_json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `--config FILE`: layered over config/default.toml, under the
+/// ORBIT_EVENTS__SECTION__KEY environment variables.
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// A TOML file layered over the defaults (see config/default.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a node: create the SQLite file (under ./var/ by default), apply
+    /// migrations, and listen for HTTP and WebSocket connections.
+    Serve(ConfigArg),
+    /// Apply database migrations and exit.
+    Migrate(ConfigArg),
+    /// Create (or reuse, by name) a namespace, application and queue, and a
+    /// new credential scoped to that queue. Prints one JSON object on
+    /// stdout; the token in it is shown only this once.
+    Bootstrap(BootstrapArgs),
+    /// Manage credentials.
+    Credential {
+        #[command(subcommand)]
+        command: CredentialCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct BootstrapArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Namespace (tenant) name.
+    #[arg(long, value_name = "NAME")]
+    pub namespace: String,
+    /// Application name within the namespace.
+    #[arg(long, value_name = "NAME")]
+    pub application: String,
+    /// Queue name within the namespace; the credential is scoped to it.
+    #[arg(long, value_name = "NAME")]
+    pub queue: String,
+    /// Grant events:manage, events:read and events:consume (subscriptions
+    /// and the WebSocket).
+    #[arg(long)]
+    pub event_access: bool,
+    /// Grant results:publish (appending task results to the queue).
+    #[arg(long)]
+    pub publish_access: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CredentialCommand {
+    /// Revoke a credential: its token stops working on HTTP at once, and
+    /// its WebSocket sessions are closed at their next ping or claim.
+    Revoke {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The credential id printed by `bootstrap`.
+        #[arg(value_name = "CREDENTIAL_ID")]
+        credential_id: String,
+    },
+}
+
+/// Runs the command; the exit code is 0 on success.
+pub async fn run(cli: Cli) -> ExitCode {
+    telemetry::init(cli.log_json);
+    let result = match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Migrate(args) => migrate(args).await,
+        Command::Bootstrap(args) => bootstrap(args).await,
+        Command::Credential {
+            command:
+                CredentialCommand::Revoke {
+                    config,
+                    credential_id,
+                },
+        } => revoke(config, &credential_id).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("orbit-events: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(args: &ConfigArg) -> Result<Settings, String> {
+    Settings::load(args.config.as_deref()).map_err(|e| e.to_string())
+}
+
+async fn open(settings: &Settings) -> Result<Database, String> {
+    let db = Database::connect(&settings.database)
+        .await
+        .map_err(|e| format!("cannot open {}: {e}", redact_url(&settings.database.url)))?;
+    db.migrate()
+        .await
+        .map_err(|e| format!("migration failed: {e}"))?;
+    Ok(db)
+}
+
+async fn serve(args: ConfigArg) -> Result<(), String> {
+    let settings = load(&args)?;
+    let db = open(&settings).await?;
+    let listen = settings.server.listen.clone();
+    let database = redact_url(&settings.database.url);
+    let app = Application::build_with_database(settings, db)
+        .await
+        .map_err(|e| e.to_string())?;
+    let host = listen
+        .rsplit_once(':')
+        .map(|(h, _)| h)
+        .unwrap_or("127.0.0.1");
+    tracing::info!(
+        "orbit-events listening on http://{host}:{port} (database {database}, node {node})",
+        port = app.port(),
+        node = app.state().node_id,
+    );
+    tracing::info!(
+        "next: create a credential with `cargo run --release -- bootstrap --namespace demo \
+         --application app --queue results --event-access --publish-access`, then follow \
+         README.md (walk-through) and docs/ (HTTP API and orbit.events.v1 guides)"
+    );
+    app.run_until_stopped().await.map_err(|e| e.to_string())
+}
+
+async fn migrate(args: ConfigArg) -> Result<(), String> {
+    let settings = load(&args)?;
+    open(&settings).await?;
+    tracing::info!(
+        "migrations applied to {}",
+        redact_url(&settings.database.url)
+    );
+    Ok(())
+}
+
+async fn bootstrap(args: BootstrapArgs) -> Result<(), String> {
+    for (flag, value) in [
+        ("--namespace", &args.namespace),
+        ("--application", &args.application),
+        ("--queue", &args.queue),
+    ] {
+        if SubscriptionName::parse(value).is_none() {
+            return Err(format!(
+                "{flag} must be 1-128 characters: a letter or digit, then letters, digits, '.', '_' or '-'"
+            ));
+        }
+    }
+    let mut permissions = Vec::new();
+    if args.event_access {
+        permissions.extend(Permission::EVENT_ACCESS);
+    }
+    if args.publish_access {
+        permissions.push(Permission::ResultsPublish);
+    }
+    let settings = load(&args.config)?;
+    let db = open(&settings).await?;
+    let out = tenancy::bootstrap(
+        &db,
+        &args.namespace,
+        &args.application,
+        &args.queue,
+        &permissions,
+    )
+    .await
+    .map_err(|e| format!("bootstrap failed: {e}"))?;
+    let json = serde_json::to_string(&out).map_err(|e| e.to_string())?;
+    println!("{json}");
+    Ok(())
+}
+
+async fn revoke(args: ConfigArg, credential_id: &str) -> Result<(), String> {
+    let id = CredentialId::parse(credential_id)
+        .ok_or_else(|| "CREDENTIAL_ID must be 32 lowercase hex characters".to_owned())?;
+    let settings = load(&args)?;
+    let db = open(&settings).await?;
+    match tenancy::revoke_credential(&db, &id).await {
+        Ok(Some(at)) => {
+            println!(
+                "{}",
+                serde_json::json!({ "credential_id": id, "revoked_at": at })
+            );
+            Ok(())
+        }
+        Ok(None) => Err(format!("no credential {id}")),
+        Err(e) => Err(format!("revoke failed: {e}")),
+    }
+}

@@ -1,0 +1,6 @@
+//! The delivery engine: the scanner materializes and asks for claims, the
+//! lease pool runs claims under node limits, the sweeper recovers leases
+//! and applies retention (spec: architecture.md §1, delivery-model.md §5–§8).
+
+pub mod pool;
+pub mod scanner;

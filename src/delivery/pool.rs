@@ -1,0 +1,331 @@
+//! LeasePoolActor: admits WebSocket connections and runs claim transactions
+//! under the node limits (spec: architecture.md §1, delivery-model.md §7).
+//!
+//! At most `claims_in_flight` claims run at once, at most
+//! `claims_in_flight_per_application` per application, and at most
+//! `claims_queued` wait or run; beyond that a request is refused and the
+//! scanner retries it on a later round. Waiting requests are served
+//! round-robin over applications, then over each application's
+//! subscriptions, so one noisy application cannot starve the others.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+use actix::prelude::*;
+
+use crate::{
+    delivery::scanner::ClaimSettled,
+    domain::{ApplicationId, SubscriptionId},
+    store::{
+        Database,
+        claim::{self, ClaimOutcome, ClaimTarget},
+    },
+    ws::connection::ClaimResult,
+};
+
+/// Limits the pool enforces (from `[limits]`).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolLimits {
+    pub max_connections: usize,
+    pub claims_in_flight: usize,
+    pub claims_in_flight_per_application: usize,
+    pub claims_queued: usize,
+}
+
+/// Counters and high-water marks, for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub connections: usize,
+    pub claims_waiting: usize,
+    pub claims_in_flight: usize,
+    pub max_claims_waiting_seen: usize,
+    pub max_claims_in_flight_seen: usize,
+    pub max_claims_in_flight_per_application_seen: usize,
+    pub claims_refused: u64,
+    pub claims_completed: u64,
+}
+
+/// A request to lease up to `want` deliveries to one session.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ClaimRequest {
+    pub target: ClaimTarget,
+    pub application_id: ApplicationId,
+    pub want: u32,
+    /// The connection that receives the leases (or the failure).
+    pub reply: Recipient<ClaimResult>,
+    /// The scanner, told when the claim finished or was refused.
+    pub settled: Recipient<ClaimSettled>,
+}
+
+/// Admits one more WebSocket connection, or refuses at the node limit.
+#[derive(Message)]
+#[rtype(result = "Result<ConnectionSlot, AtCapacity>")]
+pub struct AdmitConnection;
+
+/// The node is at its connection limit.
+#[derive(Debug, Clone, Copy)]
+pub struct AtCapacity;
+
+/// A slot of the node's connection limit; released when dropped.
+pub struct ConnectionSlot {
+    pool: Addr<LeasePoolActor>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.pool.do_send(ReleaseConnection);
+    }
+}
+
+/// Frees a connection slot (sent by [`ConnectionSlot`]'s drop).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ReleaseConnection;
+
+/// Returns the current [`PoolStats`].
+#[derive(Message)]
+#[rtype(result = "PoolStats")]
+pub struct GetPoolStats;
+
+/// Test builds only: delay every claim transaction by this long.
+#[cfg(feature = "test-hooks")]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetClaimDelay(pub Duration);
+
+#[derive(Default)]
+struct AppQueue {
+    by_subscription: HashMap<SubscriptionId, VecDeque<ClaimRequest>>,
+    ring: VecDeque<SubscriptionId>,
+}
+
+impl AppQueue {
+    fn push(&mut self, req: ClaimRequest) {
+        let sub = req.target.subscription_id.clone();
+        let queue = self.by_subscription.entry(sub.clone()).or_default();
+        if queue.is_empty() {
+            self.ring.push_back(sub);
+        }
+        queue.push_back(req);
+    }
+
+    /// The next request, rotating over subscriptions.
+    fn pop(&mut self) -> Option<ClaimRequest> {
+        let sub = self.ring.pop_front()?;
+        let queue = self.by_subscription.get_mut(&sub)?;
+        let req = queue.pop_front();
+        if queue.is_empty() {
+            self.by_subscription.remove(&sub);
+        } else {
+            self.ring.push_back(sub);
+        }
+        req
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+}
+
+/// The pool actor (one per node).
+pub struct LeasePoolActor {
+    db: Database,
+    limits: PoolLimits,
+    lease: Duration,
+    apps: HashMap<ApplicationId, AppQueue>,
+    app_ring: VecDeque<ApplicationId>,
+    in_flight_by_app: HashMap<ApplicationId, usize>,
+    stats: PoolStats,
+    claim_delay: Duration,
+}
+
+impl LeasePoolActor {
+    pub fn new(db: Database, limits: PoolLimits, lease: Duration) -> LeasePoolActor {
+        LeasePoolActor {
+            db,
+            limits,
+            lease,
+            apps: HashMap::new(),
+            app_ring: VecDeque::new(),
+            in_flight_by_app: HashMap::new(),
+            stats: PoolStats::default(),
+            claim_delay: Duration::ZERO,
+        }
+    }
+
+    /// Starts claims while slots are free, round-robin over applications
+    /// that are below their own limit.
+    fn dispatch(&mut self, ctx: &mut Context<Self>) {
+        while self.stats.claims_in_flight < self.limits.claims_in_flight {
+            let Some(app) = self.next_application() else {
+                return;
+            };
+            let Some(queue) = self.apps.get_mut(&app) else {
+                continue;
+            };
+            let Some(req) = queue.pop() else {
+                continue;
+            };
+            if queue.is_empty() {
+                self.apps.remove(&app);
+                self.app_ring.retain(|a| a != &app);
+            }
+            self.run(req, ctx);
+        }
+    }
+
+    /// The first application in ring order with work and a free per-app
+    /// slot; it moves to the back of the ring.
+    fn next_application(&mut self) -> Option<ApplicationId> {
+        for _ in 0..self.app_ring.len() {
+            let app = self.app_ring.pop_front()?;
+            self.app_ring.push_back(app.clone());
+            let busy = self.in_flight_by_app.get(&app).copied().unwrap_or(0);
+            if busy < self.limits.claims_in_flight_per_application && self.apps.contains_key(&app) {
+                return Some(app);
+            }
+        }
+        None
+    }
+
+    fn run(&mut self, req: ClaimRequest, ctx: &mut Context<Self>) {
+        self.stats.claims_waiting -= 1;
+        self.stats.claims_in_flight += 1;
+        let per_app = self
+            .in_flight_by_app
+            .entry(req.application_id.clone())
+            .or_insert(0);
+        *per_app += 1;
+        self.stats.max_claims_in_flight_seen = self
+            .stats
+            .max_claims_in_flight_seen
+            .max(self.stats.claims_in_flight);
+        self.stats.max_claims_in_flight_per_application_seen = self
+            .stats
+            .max_claims_in_flight_per_application_seen
+            .max(*per_app);
+
+        let db = self.db.clone();
+        let lease = self.lease;
+        let delay = self.claim_delay;
+        let target = req.target.clone();
+        let want = req.want;
+        let started = Instant::now();
+        let fut = async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            claim::claim(&db, &target, want, lease).await
+        };
+        ctx.spawn(fut.into_actor(self).map(move |result, act, ctx| {
+            act.stats.claims_in_flight -= 1;
+            act.stats.claims_completed += 1;
+            if let Some(n) = act.in_flight_by_app.get_mut(&req.application_id) {
+                *n -= 1;
+                if *n == 0 {
+                    act.in_flight_by_app.remove(&req.application_id);
+                }
+            }
+            let (leased, exhausted) = match &result {
+                Ok(ClaimOutcome::Leased { deliveries, exhausted }) => (deliveries.len() as u32, *exhausted),
+                _ => (0, true),
+            };
+            let failed = result.is_err();
+            if let Err(err) = &result {
+                tracing::warn!(error = %err, subscription_id = %req.target.subscription_id, "claim failed");
+            }
+            tracing::trace!(elapsed_ms = started.elapsed().as_millis() as u64, leased, "claim done");
+            req.reply.do_send(ClaimResult {
+                outcome: result.map_err(|e| e.to_string()),
+            });
+            req.settled.do_send(ClaimSettled {
+                session_id: req.target.session_id.clone(),
+                subscription_id: req.target.subscription_id.clone(),
+                requested: want,
+                leased,
+                exhausted,
+                refused: false,
+                failed,
+            });
+            act.dispatch(ctx);
+        }));
+    }
+}
+
+impl Actor for LeasePoolActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<ClaimRequest> for LeasePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, req: ClaimRequest, ctx: &mut Context<Self>) {
+        if self.stats.claims_waiting + self.stats.claims_in_flight >= self.limits.claims_queued {
+            self.stats.claims_refused += 1;
+            req.settled.do_send(ClaimSettled {
+                session_id: req.target.session_id.clone(),
+                subscription_id: req.target.subscription_id.clone(),
+                requested: req.want,
+                leased: 0,
+                exhausted: false,
+                refused: true,
+                failed: false,
+            });
+            return;
+        }
+        self.stats.claims_waiting += 1;
+        self.stats.max_claims_waiting_seen = self
+            .stats
+            .max_claims_waiting_seen
+            .max(self.stats.claims_waiting);
+        let app = req.application_id.clone();
+        let queue = self.apps.entry(app.clone()).or_default();
+        queue.push(req);
+        if !self.app_ring.contains(&app) {
+            self.app_ring.push_back(app);
+        }
+        self.dispatch(ctx);
+    }
+}
+
+impl Handler<AdmitConnection> for LeasePoolActor {
+    type Result = Result<ConnectionSlot, AtCapacity>;
+
+    fn handle(&mut self, _: AdmitConnection, ctx: &mut Context<Self>) -> Self::Result {
+        if self.stats.connections >= self.limits.max_connections {
+            return Err(AtCapacity);
+        }
+        self.stats.connections += 1;
+        Ok(ConnectionSlot {
+            pool: ctx.address(),
+        })
+    }
+}
+
+impl Handler<ReleaseConnection> for LeasePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, _: ReleaseConnection, _: &mut Context<Self>) {
+        self.stats.connections = self.stats.connections.saturating_sub(1);
+    }
+}
+
+impl Handler<GetPoolStats> for LeasePoolActor {
+    type Result = MessageResult<GetPoolStats>;
+
+    fn handle(&mut self, _: GetPoolStats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.stats)
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+impl Handler<SetClaimDelay> for LeasePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetClaimDelay, _: &mut Context<Self>) {
+        self.claim_delay = msg.0;
+    }
+}

@@ -1,0 +1,417 @@
+//! ScannerActor: knows which subscriptions have bound sessions on this node;
+//! on a wake it materializes their deliveries and enqueues at most
+//! `claims_per_scan_round` claim requests into the pool
+//! (spec: architecture.md §1, delivery-model.md §5).
+//!
+//! Wakes: journal append (in-process, or NOTIFY from another node), ACK,
+//! resume or retry, a new session, and the fallback timer. Database work
+//! runs as futures off the connection actors, so a slow round never delays
+//! a ping reply.
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
+
+use actix::prelude::*;
+
+use crate::{
+    delivery::pool::{ClaimRequest, LeasePoolActor},
+    domain::{ApplicationId, CredentialId, QueueId, SessionId, SubscriptionId},
+    store::{
+        Database,
+        claim::{ClaimOutcome, ClaimTarget},
+        materialize::{Materialized, materialize},
+    },
+    ws::connection::ClaimResult,
+};
+
+/// A session bound on this node (sent by its connection after the welcome).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SessionBound {
+    pub session_id: SessionId,
+    pub subscription_id: SubscriptionId,
+    pub queue_id: QueueId,
+    pub application_id: ApplicationId,
+    pub credential_id: CredentialId,
+    pub capacity: u32,
+    /// Deliveries the connection can take right now.
+    pub room: u32,
+    pub connection: Recipient<ClaimResult>,
+}
+
+/// The session's connection is gone.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SessionClosed {
+    pub session_id: SessionId,
+}
+
+/// The connection's room changed (capacity minus held leases, bounded by
+/// its free write-queue slots).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Demand {
+    pub session_id: SessionId,
+    pub room: u32,
+}
+
+/// New entries were appended to `queue_id`'s log.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct JournalAppended {
+    pub queue_id: QueueId,
+}
+
+/// Something freed room or made deliveries available on a subscription
+/// (an ACK, a resume, an HTTP retry, a recovered lease).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubscriptionChanged {
+    pub subscription_id: SubscriptionId,
+}
+
+/// Every subscription may have work (expired leases recovered in bulk).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WakeAll;
+
+/// A claim request finished, failed or was refused by the pool.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct ClaimSettled {
+    pub session_id: SessionId,
+    pub subscription_id: SubscriptionId,
+    pub requested: u32,
+    pub leased: u32,
+    /// Fewer rows were available than requested.
+    pub exhausted: bool,
+    /// The pool was full; retry on a later round.
+    pub refused: bool,
+    /// The claim transaction failed.
+    pub failed: bool,
+}
+
+struct SessionEntry {
+    subscription_id: SubscriptionId,
+    application_id: ApplicationId,
+    credential_id: CredentialId,
+    capacity: u32,
+    room: u32,
+    claiming: bool,
+    connection: Recipient<ClaimResult>,
+}
+
+struct SubscriptionEntry {
+    queue_id: QueueId,
+    sessions: HashSet<SessionId>,
+    /// Needs a materialization pass.
+    dirty: bool,
+    /// May have available PENDING rows (worth a claim).
+    maybe_pending: bool,
+}
+
+/// The scanner actor (one per node).
+pub struct ScannerActor {
+    db: Database,
+    pool: Addr<LeasePoolActor>,
+    claims_per_round: usize,
+    scan_interval: Duration,
+    sessions: HashMap<SessionId, SessionEntry>,
+    /// Round-robin order of sessions for claim requests.
+    order: Vec<SessionId>,
+    next: usize,
+    subscriptions: HashMap<SubscriptionId, SubscriptionEntry>,
+    round_running: bool,
+    round_again: bool,
+}
+
+impl ScannerActor {
+    pub fn new(
+        db: Database,
+        pool: Addr<LeasePoolActor>,
+        claims_per_round: usize,
+        scan_interval: Duration,
+    ) -> ScannerActor {
+        ScannerActor {
+            db,
+            pool,
+            claims_per_round,
+            scan_interval,
+            sessions: HashMap::new(),
+            order: Vec::new(),
+            next: 0,
+            subscriptions: HashMap::new(),
+            round_running: false,
+            round_again: false,
+        }
+    }
+
+    fn kick(&mut self, ctx: &mut Context<Self>) {
+        if self.round_running {
+            self.round_again = true;
+        } else {
+            self.start_round(ctx);
+        }
+    }
+
+    /// One round: materialize the dirty subscriptions (sequentially, each
+    /// its own transaction), then enqueue claims.
+    fn start_round(&mut self, ctx: &mut Context<Self>) {
+        self.round_running = true;
+        self.round_again = false;
+        let dirty: Vec<SubscriptionId> = self
+            .subscriptions
+            .iter_mut()
+            .filter(|(_, s)| s.dirty)
+            .map(|(id, s)| {
+                s.dirty = false;
+                id.clone()
+            })
+            .collect();
+        let db = self.db.clone();
+        let fut = async move {
+            let mut results = Vec::with_capacity(dirty.len());
+            for id in dirty {
+                let result = materialize(&db, &id).await;
+                results.push((id, result));
+            }
+            results
+        };
+        ctx.spawn(fut.into_actor(self).map(|results, act, ctx| {
+            for (id, result) in results {
+                act.after_materialize(&id, result);
+            }
+            act.enqueue_claims(ctx);
+            act.round_running = false;
+            if act.round_again {
+                act.kick(ctx);
+            }
+        }));
+    }
+
+    fn after_materialize(
+        &mut self,
+        id: &SubscriptionId,
+        result: Result<Materialized, sea_orm::DbErr>,
+    ) {
+        let Some(sub) = self.subscriptions.get_mut(id) else {
+            return;
+        };
+        match result {
+            Ok(m) => {
+                if m.inserted > 0 {
+                    sub.maybe_pending = true;
+                }
+                if m.more {
+                    sub.dirty = true;
+                    self.round_again = true;
+                }
+                if let Some(earliest) = m.history_gap {
+                    // Never advanced silently: every bound session is told.
+                    for session in &sub.sessions {
+                        if let Some(entry) = self.sessions.get(session) {
+                            entry.connection.do_send(ClaimResult {
+                                outcome: Ok(ClaimOutcome::HistoryExpired(earliest)),
+                            });
+                        }
+                    }
+                }
+            }
+            Err(err) => {
+                // Retried on the next timer tick; claims report UNAVAILABLE.
+                tracing::warn!(error = %err, subscription_id = %id, "materialization failed");
+                sub.dirty = true;
+            }
+        }
+    }
+
+    /// Up to `claims_per_round` requests, round-robin over sessions with room.
+    fn enqueue_claims(&mut self, ctx: &mut Context<Self>) {
+        if self.order.is_empty() {
+            return;
+        }
+        let settled = ctx.address().recipient::<ClaimSettled>();
+        let mut sent = 0;
+        let n = self.order.len();
+        let start = self.next % n;
+        for step in 0..n {
+            if sent == self.claims_per_round {
+                self.next = (start + step) % n;
+                return;
+            }
+            let session_id = &self.order[(start + step) % n];
+            let Some(entry) = self.sessions.get_mut(session_id) else {
+                continue;
+            };
+            let maybe_pending = self
+                .subscriptions
+                .get(&entry.subscription_id)
+                .is_some_and(|s| s.maybe_pending);
+            if entry.room == 0 || entry.claiming || !maybe_pending {
+                continue;
+            }
+            entry.claiming = true;
+            sent += 1;
+            self.pool.do_send(ClaimRequest {
+                target: ClaimTarget {
+                    session_id: session_id.clone(),
+                    subscription_id: entry.subscription_id.clone(),
+                    credential_id: entry.credential_id.clone(),
+                    capacity: entry.capacity,
+                },
+                application_id: entry.application_id.clone(),
+                want: entry.room,
+                reply: entry.connection.clone(),
+                settled: settled.clone(),
+            });
+        }
+        self.next = (start + 1) % n;
+    }
+}
+
+impl Actor for ScannerActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // The fallback poll: covers lost wakes, expired leases becoming
+        // claimable again, and changes made on other nodes.
+        ctx.run_interval(self.scan_interval, |act, ctx| {
+            for sub in act.subscriptions.values_mut() {
+                sub.dirty = true;
+                sub.maybe_pending = true;
+            }
+            act.kick(ctx);
+        });
+    }
+}
+
+impl Handler<SessionBound> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SessionBound, ctx: &mut Context<Self>) {
+        let sub = self
+            .subscriptions
+            .entry(msg.subscription_id.clone())
+            .or_insert_with(|| SubscriptionEntry {
+                queue_id: msg.queue_id.clone(),
+                sessions: HashSet::new(),
+                dirty: true,
+                maybe_pending: true,
+            });
+        sub.sessions.insert(msg.session_id.clone());
+        sub.dirty = true;
+        sub.maybe_pending = true;
+        self.order.push(msg.session_id.clone());
+        self.sessions.insert(
+            msg.session_id,
+            SessionEntry {
+                subscription_id: msg.subscription_id,
+                application_id: msg.application_id,
+                credential_id: msg.credential_id,
+                capacity: msg.capacity,
+                room: msg.room,
+                claiming: false,
+                connection: msg.connection,
+            },
+        );
+        self.kick(ctx);
+    }
+}
+
+impl Handler<SessionClosed> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SessionClosed, _: &mut Context<Self>) {
+        let Some(entry) = self.sessions.remove(&msg.session_id) else {
+            return;
+        };
+        self.order.retain(|s| s != &msg.session_id);
+        if let Some(sub) = self.subscriptions.get_mut(&entry.subscription_id) {
+            sub.sessions.remove(&msg.session_id);
+            if sub.sessions.is_empty() {
+                self.subscriptions.remove(&entry.subscription_id);
+            }
+        }
+    }
+}
+
+impl Handler<Demand> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Demand, ctx: &mut Context<Self>) {
+        let Some(entry) = self.sessions.get_mut(&msg.session_id) else {
+            return;
+        };
+        let grew = msg.room > entry.room;
+        entry.room = msg.room;
+        if grew && !entry.claiming {
+            self.kick(ctx);
+        }
+    }
+}
+
+impl Handler<JournalAppended> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: JournalAppended, ctx: &mut Context<Self>) {
+        let mut any = false;
+        for sub in self.subscriptions.values_mut() {
+            if sub.queue_id == msg.queue_id {
+                sub.dirty = true;
+                any = true;
+            }
+        }
+        if any {
+            self.kick(ctx);
+        }
+    }
+}
+
+impl Handler<SubscriptionChanged> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SubscriptionChanged, ctx: &mut Context<Self>) {
+        if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
+            sub.dirty = true;
+            sub.maybe_pending = true;
+            self.kick(ctx);
+        }
+    }
+}
+
+impl Handler<WakeAll> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, _: WakeAll, ctx: &mut Context<Self>) {
+        for sub in self.subscriptions.values_mut() {
+            sub.dirty = true;
+            sub.maybe_pending = true;
+        }
+        self.kick(ctx);
+    }
+}
+
+impl Handler<ClaimSettled> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
+        let Some(entry) = self.sessions.get_mut(&msg.session_id) else {
+            return;
+        };
+        entry.claiming = false;
+        if msg.refused || msg.failed {
+            // Retried on a later round (the timer), never in a tight loop.
+            return;
+        }
+        entry.room = entry.room.saturating_sub(msg.leased);
+        if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
+            if msg.exhausted {
+                sub.maybe_pending = false;
+            } else if msg.leased > 0 {
+                self.kick(ctx);
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The response envelope on every HTTP response (spec: http-api.md §1):
+//! `{"request_id", "data"}` or `{"request_id", "error"}`, with
+//! `X-Request-ID`, `Cache-Control: no-store` and `Content-Type:
+//! application/json`; plus the management request deadline.
+
+use actix_web::{
+    HttpMessage, HttpRequest, HttpResponse,
+    body::{BoxBody, MessageBody},
+    dev::{ServiceRequest, ServiceResponse},
+    http::{
+        StatusCode,
+        header::{self, HeaderValue},
+    },
+    middleware::Next,
+    web,
+};
+use serde::Serialize;
+use serde_json::json;
+use tracing::Instrument;
+
+use crate::{
+    domain::MessageId,
+    error::{Error, ErrorCode},
+    state::AppState,
+};
+
+/// The request id of the current request (also in `X-Request-ID`).
+#[derive(Clone, Debug)]
+pub struct RequestId(pub MessageId);
+
+/// The request id the envelope middleware assigned to `req`.
+pub fn request_id(req: &HttpRequest) -> MessageId {
+    req.extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_else(MessageId::generate)
+}
+
+/// Marks a response whose body is already an envelope.
+#[derive(Clone, Copy)]
+struct Enveloped;
+
+/// A success envelope with `status` and `data`.
+pub fn respond(req: &HttpRequest, status: StatusCode, data: impl Serialize) -> HttpResponse {
+    #[derive(Serialize)]
+    struct Envelope<'a, T> {
+        request_id: &'a str,
+        data: T,
+    }
+    let id = request_id(req);
+    let body = serde_json::to_string(&Envelope {
+        request_id: id.as_str(),
+        data,
+    })
+    .unwrap_or_default();
+    let mut res = HttpResponse::build(status)
+        .content_type("application/json")
+        .body(body);
+    res.extensions_mut().insert(Enveloped);
+    res
+}
+
+/// Paths whose responses are not JSON envelopes on success.
+fn is_raw_path(path: &str) -> bool {
+    path == "/metrics" || path == "/v1/events/connect"
+}
+
+/// Middleware: assigns the request id, applies the management deadline,
+/// renders errors (ours and the framework's) as envelopes and sets the
+/// common headers.
+pub async fn envelope(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let request_id = MessageId::generate();
+    req.extensions_mut().insert(RequestId(request_id.clone()));
+    let raw = is_raw_path(req.path());
+    let deadline = req
+        .app_data::<web::Data<AppState>>()
+        .map(|s| s.settings.timing.http_request_timeout());
+    let span = tracing::info_span!(
+        "http",
+        request_id = %request_id,
+        method = %req.method(),
+        path = %req.path()
+    );
+    // No clone of the request may be held here: routing needs it unshared.
+    let call = next.call(req).instrument(span);
+    let result = match (raw, deadline) {
+        (false, Some(deadline)) => match tokio::time::timeout(deadline, call).await {
+            Ok(result) => result,
+            Err(_) => {
+                // The handler future (and its transaction) is dropped here,
+                // which rolls the transaction back.
+                tracing::warn!(request_id = %request_id, "request deadline passed");
+                let err = Error::unavailable("the request did not finish within its deadline")
+                    .with_request_id(request_id.as_str());
+                return Err(err.into());
+            }
+        },
+        _ => call.await,
+    };
+    let res = match result {
+        Ok(res) => res.map_into_boxed_body(),
+        Err(err) => {
+            let ours = match err.as_error::<Error>() {
+                Some(e) => e.clone(),
+                None => framework_error(err.as_response_error().status_code(), Some(&err)),
+            };
+            return Err(ours.with_request_id(request_id.as_str()).into());
+        }
+    };
+    let status = res.status();
+    let ours = res
+        .response()
+        .error()
+        .and_then(|e| e.as_error::<Error>())
+        .cloned();
+    let mut res = match ours {
+        Some(err) => {
+            let headers = res.headers().clone();
+            let (req, _) = res.into_parts();
+            error_envelope(req, &request_id, &err, Some(&headers))
+        }
+        None if status.is_client_error() || status.is_server_error() => {
+            if res.response().extensions().get::<Enveloped>().is_some() {
+                res
+            } else {
+                let err = framework_error(status, res.response().error());
+                let headers = res.headers().clone();
+                let (req, _) = res.into_parts();
+                error_envelope(req, &request_id, &err, Some(&headers))
+            }
+        }
+        None => res,
+    };
+    set_common_headers(
+        &mut res,
+        &request_id,
+        raw && status.is_success() || status == StatusCode::SWITCHING_PROTOCOLS,
+    );
+    Ok(res)
+}
+
+/// Maps an error the framework produced (not ours) to a spec code.
+fn framework_error(status: StatusCode, cause: Option<&actix_web::Error>) -> Error {
+    if let Some(cause) = cause {
+        tracing::debug!(error = %cause, %status, "framework error");
+    }
+    match status {
+        StatusCode::NOT_FOUND => Error::not_found("no such route"),
+        StatusCode::METHOD_NOT_ALLOWED => Error::method_not_allowed(""),
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            Error::payload_too_large(crate::http::request::MAX_BODY_BYTES)
+        }
+        s if s.is_server_error() => Error::internal(format_args!("framework error {s}")),
+        _ => Error::invalid_argument("the request is malformed"),
+    }
+}
+
+fn error_envelope(
+    req: HttpRequest,
+    request_id: &MessageId,
+    err: &Error,
+    headers: Option<&actix_web::http::header::HeaderMap>,
+) -> ServiceResponse<BoxBody> {
+    let body = json!({ "request_id": request_id.as_str(), "error": err.body() });
+    let mut res = HttpResponse::build(err.status());
+    if let Some(headers) = headers {
+        for name in [header::ALLOW, header::WWW_AUTHENTICATE, header::RETRY_AFTER] {
+            if let Some(v) = headers.get(&name) {
+                res.insert_header((name, v.clone()));
+            }
+        }
+    }
+    if err.code() == ErrorCode::Unauthenticated {
+        res.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+    }
+    if err.code() == ErrorCode::CapacityExceeded {
+        res.insert_header((header::RETRY_AFTER, "1"));
+    }
+    let res = res.content_type("application/json").body(body.to_string());
+    ServiceResponse::new(req, res)
+}
+
+fn set_common_headers(res: &mut ServiceResponse<BoxBody>, request_id: &MessageId, raw: bool) {
+    let headers = res.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(request_id.as_str()) {
+        headers.insert(header::HeaderName::from_static("x-request-id"), v);
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if !raw {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+}

@@ -1,0 +1,62 @@
+//! The management HTTP API (spec: http-api.md): one module per resource,
+//! handlers named after their verbs.
+
+pub mod envelope;
+pub mod health;
+pub mod request;
+pub mod results;
+pub mod subscriptions;
+mod write;
+
+use actix_web::{HttpResponse, Route, web};
+
+use crate::{error::Error, ws};
+
+/// Registers every route. Unknown routes answer 404 and wrong methods 405
+/// (with `Allow`), both before authentication and in the envelope.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource(
+        "/healthz",
+        vec![("GET", web::get().to(health::healthz))],
+    ))
+    .service(resource(
+        "/readyz",
+        vec![("GET", web::get().to(health::readyz))],
+    ))
+    .service(resource(
+        "/v1/events/connect",
+        vec![("GET", web::get().to(ws::upgrade::connect))],
+    ))
+    .service(resource(
+        "/v1/queues/{queue_id}/results",
+        vec![("POST", web::post().to(results::publish))],
+    ))
+    .service(resource(
+        "/v1/subscriptions",
+        vec![("POST", web::post().to(subscriptions::create))],
+    ))
+    .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}",
+        vec![("GET", web::get().to(subscriptions::get))],
+    ))
+    .default_service(web::to(|| async {
+        Err::<HttpResponse, _>(Error::not_found("no such route"))
+    }));
+}
+
+/// A resource whose other methods answer 405 with the right `Allow`.
+fn resource(path: &str, routes: Vec<(&'static str, Route)>) -> actix_web::Resource {
+    let allow = routes
+        .iter()
+        .map(|(m, _)| *m)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut res = web::resource(path);
+    for (_, route) in routes {
+        res = res.route(route);
+    }
+    res.default_service(web::to(move || {
+        let allow = allow.clone();
+        async move { Err::<HttpResponse, _>(Error::method_not_allowed(&allow)) }
+    }))
+}

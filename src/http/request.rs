@@ -1,0 +1,69 @@
+//! Request parsing shared by the handlers: query-string rules, the
+//! `Idempotency-Key` header and strict JSON bodies (spec: http-api.md §1–§2).
+
+use actix_web::{HttpMessage, HttpRequest, web};
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+
+use crate::{
+    error::{Error, Result},
+    store::idempotency::IdempotencyKey,
+    strict_json,
+};
+
+/// Largest accepted JSON body: 512 KiB.
+pub const MAX_BODY_BYTES: usize = 524_288;
+
+/// Endpoints other than the two lists take no query string at all.
+pub fn no_query(req: &HttpRequest) -> Result<()> {
+    if req.query_string().is_empty() {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument(
+            "this endpoint takes no query parameters",
+        ))
+    }
+}
+
+/// The `Idempotency-Key` header: required on every POST; 1–255 visible
+/// ASCII characters.
+pub fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey> {
+    let mut values = req.headers().get_all("idempotency-key");
+    let value = values
+        .next()
+        .ok_or_else(|| Error::invalid_argument("the Idempotency-Key header is required"))?;
+    if values.next().is_some() {
+        return Err(Error::invalid_argument("Idempotency-Key must be sent once"));
+    }
+    value
+        .to_str()
+        .ok()
+        .and_then(IdempotencyKey::parse)
+        .ok_or_else(|| {
+            Error::invalid_argument("Idempotency-Key must be 1-255 visible ASCII characters")
+        })
+}
+
+/// Reads a strict JSON body: `Content-Type: application/json` (parameters
+/// allowed), at most 512 KiB (else 413), then the strict parser.
+pub async fn json_body<T: DeserializeOwned>(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+) -> Result<T> {
+    let is_json = matches!(req.mime_type(), Ok(Some(m)) if m.essence_str() == "application/json");
+    if !is_json {
+        return Err(Error::invalid_argument(
+            "Content-Type must be application/json",
+        ));
+    }
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk =
+            chunk.map_err(|e| Error::invalid_argument(format!("could not read the body: {e}")))?;
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(Error::payload_too_large(MAX_BODY_BYTES));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(strict_json::parse(&body)?)
+}

@@ -1,0 +1,224 @@
+//! The result log (journal): the one narrow interface through which the
+//! delivery engine reaches task results (spec: delivery-model.md §3).
+//!
+//! Append, read after a position up to the head, head, retention floor, and
+//! render. The scanner, pool and connections never look at the task-result
+//! shape; another journal could implement these same functions.
+
+use std::collections::HashMap;
+
+use entity::{queue, result_event};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
+    QuerySelect, sea_query::Expr,
+};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::domain::{EventId, QueueId, ResultType, Timestamp};
+
+/// One result to append, already validated at the edge.
+#[derive(Debug, Clone)]
+pub struct NewResult {
+    pub result_type: ResultType,
+    /// The task id (`snapshot.task_id`).
+    pub aggregate_id: String,
+    /// Canonical uint64 decimal string.
+    pub aggregate_revision: String,
+    pub occurred_at: Timestamp,
+    /// JSON object text.
+    pub details: String,
+    /// JSON object text, stored byte-exact.
+    pub snapshot: String,
+}
+
+/// What the delivery engine needs of an entry: identity, position, type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub event_id: EventId,
+    pub sequence: i64,
+    pub event_type: String,
+}
+
+/// Head and retention floor of one queue's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogPosition {
+    /// Committed head: the highest appended sequence (0 when empty).
+    pub head: i64,
+    /// Highest purged sequence (0 when nothing was purged).
+    pub floor: i64,
+}
+
+impl LogPosition {
+    /// The first sequence still in the log: floor + 1.
+    pub fn earliest(self) -> u64 {
+        u64::try_from(self.floor).unwrap_or(0) + 1
+    }
+}
+
+/// Appends `results` to `queue_id`'s log inside the caller's transaction:
+/// lock the queue's counter row (`head += n`), then insert the events with
+/// sequences `old_head+1 ..= old_head+n`. The row lock makes commit order
+/// equal sequence order. Usable inside any caller's transaction (the
+/// transactional-outbox case); the caller wakes the scanner after commit.
+///
+/// Returns the new events' ids and sequences in order, or `Ok(None)` when
+/// the queue does not exist.
+pub async fn append<C: ConnectionTrait>(
+    conn: &C,
+    queue_id: &QueueId,
+    results: &[NewResult],
+    now: Timestamp,
+) -> Result<Option<Vec<(EventId, i64)>>, DbErr> {
+    if results.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    let n = i64::try_from(results.len()).map_err(|e| DbErr::Custom(e.to_string()))?;
+    let updated = queue::Entity::update_many()
+        .col_expr(
+            queue::Column::HeadSequence,
+            Expr::col(queue::Column::HeadSequence).add(n),
+        )
+        .filter(queue::Column::Id.eq(queue_id.as_str()))
+        .exec_with_returning(conn)
+        .await?;
+    let Some(row) = updated.into_iter().next() else {
+        return Ok(None);
+    };
+    let first = row.head_sequence - n + 1;
+    let mut out = Vec::with_capacity(results.len());
+    let models = results.iter().enumerate().map(|(i, r)| {
+        let id = EventId::generate();
+        let sequence = first + i as i64;
+        out.push((id.clone(), sequence));
+        result_event::ActiveModel {
+            id: sea_orm::Set(id.into_string()),
+            queue_id: sea_orm::Set(queue_id.as_str().to_owned()),
+            sequence: sea_orm::Set(sequence),
+            event_type: sea_orm::Set(r.result_type.as_str().to_owned()),
+            aggregate_kind: sea_orm::Set("task".to_owned()),
+            aggregate_id: sea_orm::Set(r.aggregate_id.clone()),
+            aggregate_revision: sea_orm::Set(r.aggregate_revision.clone()),
+            occurred_at: sea_orm::Set(r.occurred_at.micros()),
+            details: sea_orm::Set(r.details.clone()),
+            snapshot: sea_orm::Set(r.snapshot.clone()),
+            appended_at: sea_orm::Set(now.micros()),
+            created_at: sea_orm::Set(now.micros()),
+        }
+    });
+    let models: Vec<_> = models.collect();
+    result_event::Entity::insert_many(models)
+        .exec_without_returning(conn)
+        .await?;
+    Ok(Some(out))
+}
+
+/// Head and floor of a queue's log, as this connection sees them.
+pub async fn position<C: ConnectionTrait>(
+    conn: &C,
+    queue_id: &QueueId,
+) -> Result<Option<LogPosition>, DbErr> {
+    let row: Option<(i64, i64)> = queue::Entity::find_by_id(queue_id.as_str())
+        .select_only()
+        .column(queue::Column::HeadSequence)
+        .column(queue::Column::RetentionFloor)
+        .into_tuple()
+        .one(conn)
+        .await?;
+    Ok(row.map(|(head, floor)| LogPosition { head, floor }))
+}
+
+/// Entries with `after < sequence <= up_to`, in sequence order, at most
+/// `limit` (an index range scan on `(queue_id, sequence)`).
+pub async fn read_after<C: ConnectionTrait>(
+    conn: &C,
+    queue_id: &QueueId,
+    after: i64,
+    up_to: i64,
+    limit: u64,
+) -> Result<Vec<JournalEntry>, DbErr> {
+    if up_to <= after {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<(String, i64, String)> = result_event::Entity::find()
+        .select_only()
+        .column(result_event::Column::Id)
+        .column(result_event::Column::Sequence)
+        .column(result_event::Column::EventType)
+        .filter(result_event::Column::QueueId.eq(queue_id.as_str()))
+        .filter(result_event::Column::Sequence.gt(after))
+        .filter(result_event::Column::Sequence.lte(up_to))
+        .order_by_asc(result_event::Column::Sequence)
+        .limit(limit)
+        .into_tuple()
+        .all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, sequence, event_type)| JournalEntry {
+            event_id: EventId::from_db(id),
+            sequence,
+            event_type,
+        })
+        .collect())
+}
+
+/// The event as delivered (`event` of `event.deliver`, and of the delivery
+/// detail endpoint). `details` and `snapshot` are the stored text, byte-exact.
+#[derive(Debug, Serialize)]
+pub struct RenderedEvent {
+    pub id: String,
+    #[serde(serialize_with = "ser_i64_string")]
+    pub sequence: i64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub aggregate_kind: String,
+    pub aggregate_id: String,
+    pub aggregate_revision: String,
+    pub occurred_at: Timestamp,
+    pub details: Box<RawValue>,
+    pub snapshot: Box<RawValue>,
+}
+
+fn ser_i64_string<S: serde::Serializer>(v: &i64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+impl RenderedEvent {
+    fn from_model(m: result_event::Model) -> Result<RenderedEvent, DbErr> {
+        let raw = |text: String| {
+            RawValue::from_string(text).map_err(|e| DbErr::Custom(format!("stored JSON: {e}")))
+        };
+        Ok(RenderedEvent {
+            id: m.id,
+            sequence: m.sequence,
+            event_type: m.event_type,
+            aggregate_kind: m.aggregate_kind,
+            aggregate_id: m.aggregate_id,
+            aggregate_revision: m.aggregate_revision,
+            occurred_at: Timestamp(m.occurred_at),
+            details: raw(m.details)?,
+            snapshot: raw(m.snapshot)?,
+        })
+    }
+}
+
+/// Renders the events with the given ids (missing ids are absent from the map).
+pub async fn render<C: ConnectionTrait>(
+    conn: &C,
+    ids: &[EventId],
+) -> Result<HashMap<EventId, RenderedEvent>, DbErr> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = result_event::Entity::find()
+        .filter(result_event::Column::Id.is_in(ids.iter().map(|i| i.as_str().to_owned())))
+        .all(conn)
+        .await?;
+    rows.into_iter()
+        .map(|m| {
+            let id = EventId::from_db(m.id.clone());
+            RenderedEvent::from_model(m).map(|e| (id, e))
+        })
+        .collect()
+}

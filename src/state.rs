@@ -1,0 +1,22 @@
+//! What every handler and connection shares on one node.
+
+use std::sync::Arc;
+
+use actix::Addr;
+
+use crate::{
+    config::Settings,
+    delivery::{pool::LeasePoolActor, scanner::ScannerActor},
+    domain::NodeId,
+    store::Database,
+};
+
+/// Shared node state (cheap to clone).
+#[derive(Clone)]
+pub struct AppState {
+    pub db: Database,
+    pub settings: Arc<Settings>,
+    pub scanner: Addr<ScannerActor>,
+    pub pool: Addr<LeasePoolActor>,
+    pub node_id: NodeId,
+}

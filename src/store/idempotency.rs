@@ -1,0 +1,180 @@
+//! Idempotency records (spec: http-api.md §2).
+//!
+//! A write begins by inserting a placeholder record for `(credential, key)`
+//! inside its own transaction (`ON CONFLICT DO NOTHING`). If another request
+//! holds the key, the insert waits for it (PostgreSQL blocks on the
+//! uncommitted unique entry; SQLite's single writer serializes), then the
+//! stored record decides: the same operation, target and normalized request
+//! → replay; anything else → 409 `IDEMPOTENCY_CONFLICT`. The effect and the
+//! final record commit together; a failed request rolls its placeholder
+//! back, so only successes are recorded.
+
+use entity::idempotency_record;
+use sea_orm::{
+    ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
+    sea_query::{Expr, OnConflict},
+};
+use serde_json::Value;
+
+use crate::{
+    domain::{CredentialId, Timestamp, random_hex_id, sha256_hex},
+    error::{Error, ErrorCode, Result},
+};
+
+/// A parsed `Idempotency-Key` header: 1–255 visible ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn parse(s: &str) -> Option<IdempotencyKey> {
+        let ok = (1..=255).contains(&s.len()) && s.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        ok.then(|| IdempotencyKey(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a write is, for the record: operation name, target id and the
+/// digest of the normalized request.
+#[derive(Debug, Clone)]
+pub struct WriteIdentity {
+    pub credential_id: CredentialId,
+    pub key: IdempotencyKey,
+    pub operation: &'static str,
+    pub target: String,
+    pub request_digest: String,
+}
+
+impl WriteIdentity {
+    /// `normalized` is the request after parsing with defaults applied; its
+    /// serialization is canonical (fixed field order), so key order, spacing
+    /// and omitted-vs-default do not change the digest.
+    pub fn new(
+        credential_id: &CredentialId,
+        key: IdempotencyKey,
+        operation: &'static str,
+        target: impl Into<String>,
+        normalized: &impl serde::Serialize,
+    ) -> Result<WriteIdentity> {
+        let text = serde_json::to_string(normalized).map_err(Error::internal)?;
+        Ok(WriteIdentity {
+            credential_id: credential_id.clone(),
+            key,
+            operation,
+            target: target.into(),
+            request_digest: sha256_hex(text.as_bytes()),
+        })
+    }
+}
+
+/// How a write proceeds after [`begin`].
+#[derive(Debug)]
+pub enum Begin {
+    /// First use of the key: apply the effect, then [`finish`].
+    Fresh,
+    /// The same request was already applied: answer 200 with this `data`
+    /// (already marked `deduplicated: true`).
+    Replay(Value),
+}
+
+/// Claims the key inside `txn` or finds its record (see the module doc).
+pub async fn begin(txn: &DatabaseTransaction, id: &WriteIdentity, now: Timestamp) -> Result<Begin> {
+    // An expired record no longer binds its key.
+    idempotency_record::Entity::delete_many()
+        .filter(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
+        .filter(idempotency_record::Column::Key.eq(id.key.as_str()))
+        .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
+        .exec(txn)
+        .await?;
+    let inserted = idempotency_record::Entity::insert(idempotency_record::ActiveModel {
+        id: Set(random_hex_id()),
+        credential_id: Set(id.credential_id.as_str().to_owned()),
+        key: Set(id.key.as_str().to_owned()),
+        operation: Set(id.operation.to_owned()),
+        target: Set(id.target.clone()),
+        request_digest: Set(id.request_digest.clone()),
+        status: Set(0),
+        response: Set(String::new()),
+        expires_at: Set(i64::MAX),
+        created_at: Set(now.micros()),
+    })
+    .on_conflict(
+        OnConflict::columns([
+            idempotency_record::Column::CredentialId,
+            idempotency_record::Column::Key,
+        ])
+        .do_nothing()
+        .to_owned(),
+    )
+    .exec_without_returning(txn)
+    .await?;
+    if inserted == 1 {
+        return Ok(Begin::Fresh);
+    }
+    let record = idempotency_record::Entity::find()
+        .filter(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
+        .filter(idempotency_record::Column::Key.eq(id.key.as_str()))
+        .one(txn)
+        .await?
+        .ok_or_else(|| Error::internal("idempotency record vanished under its key"))?;
+    let same = record.operation == id.operation
+        && record.target == id.target
+        && record.request_digest == id.request_digest;
+    if !same || record.status == 0 {
+        return Err(Error::new(
+            ErrorCode::IdempotencyConflict,
+            "this Idempotency-Key was already used for a different request",
+        ));
+    }
+    let mut data: Value = serde_json::from_str(&record.response).map_err(Error::internal)?;
+    if let Some(obj) = data.as_object_mut() {
+        obj.insert("deduplicated".to_owned(), Value::Bool(true));
+    }
+    Ok(Begin::Replay(data))
+}
+
+/// Stores the outcome of a fresh write (status and response `data`) in the
+/// same transaction as its effect.
+pub async fn finish(
+    txn: &DatabaseTransaction,
+    id: &WriteIdentity,
+    status: u16,
+    data: &Value,
+    expires_at: Timestamp,
+) -> Result<()> {
+    idempotency_record::Entity::update_many()
+        .col_expr(
+            idempotency_record::Column::Status,
+            Expr::value(i32::from(status)),
+        )
+        .col_expr(
+            idempotency_record::Column::Response,
+            Expr::value(data.to_string()),
+        )
+        .col_expr(
+            idempotency_record::Column::ExpiresAt,
+            Expr::value(expires_at.micros()),
+        )
+        .filter(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
+        .filter(idempotency_record::Column::Key.eq(id.key.as_str()))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_1_to_255_visible_ascii() {
+        assert!(IdempotencyKey::parse("a").is_some());
+        assert!(IdempotencyKey::parse(&"k".repeat(255)).is_some());
+        assert!(IdempotencyKey::parse(&"k".repeat(256)).is_none());
+        assert!(IdempotencyKey::parse("").is_none());
+        assert!(IdempotencyKey::parse("a b").is_none());
+        assert!(IdempotencyKey::parse("é").is_none());
+    }
+}

@@ -1,0 +1,136 @@
+//! Materialization: turn journal entries into PENDING deliveries
+//! (spec: delivery-model.md §5).
+
+use entity::{delivery, subscription};
+use sea_orm::{ActiveModelTrait, ConnectionTrait, DbErr, EntityTrait, Set, TransactionTrait};
+
+use crate::{
+    domain::{DeliveryId, DeliveryState, QueueId, ResultType, SubscriptionId, TypeSet, now},
+    journal,
+    store::{Database, lock_for_update},
+};
+
+/// Entries read from the log per materialization transaction.
+pub const MATERIALIZE_BATCH: u64 = 256;
+
+/// What one materialization transaction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Materialized {
+    /// Deliveries inserted.
+    pub inserted: u64,
+    /// The batch was full: more entries may be waiting below the head.
+    pub more: bool,
+    /// `cursor_sequence < retention_floor`: the subscription has a history
+    /// gap and was not advanced; carries the earliest available sequence.
+    pub history_gap: Option<u64>,
+    /// Paused (or gone): nothing was read.
+    pub idle: bool,
+}
+
+/// One transaction holding the subscription row lock: `room = max_pending -
+/// pending_count`; read entries with `cursor < sequence <= head` in order; for
+/// each matching entry insert a PENDING delivery while room lasts (stopping
+/// *before* a matching entry when room is 0); advance the cursor past every
+/// entry consumed, matching or not; `pending_count += inserted`.
+pub async fn materialize(
+    db: &Database,
+    subscription_id: &SubscriptionId,
+) -> Result<Materialized, DbErr> {
+    let txn = db.begin_write().await?;
+    let outcome = materialize_in(&txn, subscription_id, MATERIALIZE_BATCH).await?;
+    txn.commit().await?;
+    Ok(outcome)
+}
+
+async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
+    txn: &C,
+    subscription_id: &SubscriptionId,
+    batch: u64,
+) -> Result<Materialized, DbErr> {
+    let backend = txn.get_database_backend();
+    let Some(sub) = lock_for_update(
+        subscription::Entity::find_by_id(subscription_id.as_str()),
+        backend,
+    )
+    .one(txn)
+    .await?
+    else {
+        return Ok(Materialized {
+            idle: true,
+            ..Default::default()
+        });
+    };
+    if !sub.enabled {
+        return Ok(Materialized {
+            idle: true,
+            ..Default::default()
+        });
+    }
+    let queue_id = QueueId::from_db(sub.queue_id.clone());
+    let Some(pos) = journal::position(txn, &queue_id).await? else {
+        return Ok(Materialized {
+            idle: true,
+            ..Default::default()
+        });
+    };
+    if sub.cursor_sequence < pos.floor {
+        return Ok(Materialized {
+            history_gap: Some(pos.earliest()),
+            ..Default::default()
+        });
+    }
+    let mut room = i64::from(sub.max_pending) - sub.pending_count;
+    let entries = journal::read_after(txn, &queue_id, sub.cursor_sequence, pos.head, batch).await?;
+    let types = TypeSet::from_db(&sub.types);
+    let t = now().micros();
+    let mut cursor = sub.cursor_sequence;
+    let mut rows = Vec::new();
+    let mut stopped_for_room = false;
+    for entry in &entries {
+        let matches = ResultType::parse(&entry.event_type).is_some_and(|rt| types.contains(rt));
+        if matches {
+            if room <= 0 {
+                stopped_for_room = true;
+                break;
+            }
+            room -= 1;
+            rows.push(delivery::ActiveModel {
+                id: Set(DeliveryId::generate().into_string()),
+                subscription_id: Set(sub.id.clone()),
+                event_id: Set(entry.event_id.as_str().to_owned()),
+                sequence: Set(entry.sequence),
+                revision: Set(1),
+                state: Set(DeliveryState::Pending.as_str().to_owned()),
+                available_at: Set(t),
+                lease_epoch: Set(0),
+                lease_until: Set(None),
+                lease_digest: Set(None),
+                lease_session_id: Set(None),
+                attempts: Set(0),
+                attempt_budget: Set(sub.max_attempts),
+                acknowledged_at: Set(None),
+                created_at: Set(t),
+            });
+        }
+        cursor = entry.sequence;
+    }
+    let inserted = rows.len() as u64;
+    if !rows.is_empty() {
+        delivery::Entity::insert_many(rows)
+            .exec_without_returning(txn)
+            .await?;
+    }
+    if cursor != sub.cursor_sequence {
+        let pending = sub.pending_count + inserted as i64;
+        let mut active: subscription::ActiveModel = sub.into();
+        active.cursor_sequence = Set(cursor);
+        active.pending_count = Set(pending);
+        active.update(txn).await?;
+    }
+    Ok(Materialized {
+        inserted,
+        more: !stopped_for_room && entries.len() as u64 == batch,
+        history_gap: None,
+        idle: false,
+    })
+}

@@ -1,0 +1,228 @@
+//! Persistence: one async function per transaction, named after what it does
+//! (spec: style.md, delivery-model.md).
+//!
+//! [`Database`] owns the connection pools. On SQLite every write runs on a
+//! single writer connection with `BEGIN IMMEDIATE` (stack-notes.md: pooled
+//! writers fight over the file lock and a deferred read→write upgrade fails
+//! with "database is locked"); reads use the rest of the pool. On PostgreSQL
+//! one pool serves both and the transaction mode is ignored.
+
+pub mod ack;
+pub mod audit;
+pub mod claim;
+pub mod deliveries;
+pub mod idempotency;
+pub mod materialize;
+pub mod sessions;
+pub mod subscriptions;
+pub mod tenancy;
+
+use std::{path::Path, time::Duration};
+
+use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    SqlErr, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+
+use crate::config::{DatabaseSettings, redact_url};
+
+/// Connection pools of one node.
+#[derive(Clone, Debug)]
+pub struct Database {
+    write: DatabaseConnection,
+    read: DatabaseConnection,
+    backend: DbBackend,
+}
+
+/// SQLite waits this long for a lock held by another process (e.g. the
+/// `bootstrap` command next to a running node).
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Database {
+    /// Opens the pools for `settings.url`, creating the SQLite file and its
+    /// folder when needed.
+    pub async fn connect(settings: &DatabaseSettings) -> Result<Database, DbErr> {
+        let url = settings.url.as_str();
+        if url.starts_with("sqlite:") {
+            Self::connect_sqlite(url, settings.max_connections).await
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let mut opts = ConnectOptions::new(url.to_owned());
+            opts.max_connections(settings.max_connections)
+                .min_connections(1)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect_timeout(CONNECT_TIMEOUT)
+                .sqlx_logging(false);
+            let conn = sea_orm::Database::connect(opts).await?;
+            Ok(Database {
+                read: conn.clone(),
+                write: conn,
+                backend: DbBackend::Postgres,
+            })
+        } else {
+            Err(DbErr::Custom(format!(
+                "database.url must start with sqlite: or postgres:// (got {})",
+                redact_url(url)
+            )))
+        }
+    }
+
+    async fn connect_sqlite(url: &str, max_connections: u32) -> Result<Database, DbErr> {
+        let (url, synchronous) = split_sqlite_synchronous(url)?;
+        if let Some(parent) = sqlite_path(&url).and_then(|p| Path::new(p).parent())
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| DbErr::Custom(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        let pool = |size: u32| {
+            let mut opts = ConnectOptions::new(url.clone());
+            opts.max_connections(size)
+                .min_connections(1)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .sqlx_logging(false)
+                .map_sqlx_sqlite_opts(move |o| {
+                    o.journal_mode(SqliteJournalMode::Wal)
+                        .busy_timeout(SQLITE_BUSY_TIMEOUT)
+                        .synchronous(synchronous)
+                });
+            opts
+        };
+        let write = sea_orm::Database::connect(pool(1)).await?;
+        let read =
+            sea_orm::Database::connect(pool(max_connections.saturating_sub(1).max(1))).await?;
+        Ok(Database {
+            write,
+            read,
+            backend: DbBackend::Sqlite,
+        })
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> Result<(), DbErr> {
+        use migration::MigratorTrait;
+        migration::Migrator::up(&self.write, None).await
+    }
+
+    /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite).
+    pub async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
+        self.write
+            .begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..Default::default()
+            })
+            .await
+    }
+
+    /// The connection for reads outside a transaction.
+    pub fn reader(&self) -> &DatabaseConnection {
+        &self.read
+    }
+
+    pub fn backend(&self) -> DbBackend {
+        self.backend
+    }
+
+    /// A trivial query on both pools; `Err` when the database is unreachable.
+    pub async fn ping(&self) -> Result<(), DbErr> {
+        self.read.ping().await?;
+        self.write.ping().await
+    }
+
+    /// Closes the pools (used by tests that simulate a database outage).
+    pub async fn close(&self) -> Result<(), DbErr> {
+        self.read.close_by_ref().await?;
+        self.write.close_by_ref().await
+    }
+}
+
+/// True when `err` is a unique-constraint violation.
+pub fn is_unique_violation(err: &DbErr) -> bool {
+    matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_)))
+}
+
+/// `SELECT ... FOR UPDATE` on PostgreSQL; nothing on SQLite, where the
+/// `IMMEDIATE` transaction already holds the write lock.
+pub fn lock_for_update<Q: sea_orm::QuerySelect>(query: Q, backend: DbBackend) -> Q {
+    if backend == DbBackend::Postgres {
+        query.lock_exclusive()
+    } else {
+        query
+    }
+}
+
+/// Runs `sql` (no parameters) — used for backend-specific statements.
+pub async fn execute_unprepared<C: ConnectionTrait>(conn: &C, sql: &str) -> Result<(), DbErr> {
+    conn.execute_unprepared(sql).await.map(|_| ())
+}
+
+/// Removes our own `synchronous=` parameter (sqlx does not know it) and
+/// returns the setting: FULL unless configured otherwise.
+fn split_sqlite_synchronous(url: &str) -> Result<(String, SqliteSynchronous), DbErr> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), SqliteSynchronous::Full));
+    };
+    let mut synchronous = SqliteSynchronous::Full;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("synchronous", value)) => {
+                synchronous = match value.to_ascii_lowercase().as_str() {
+                    "full" => SqliteSynchronous::Full,
+                    "normal" => SqliteSynchronous::Normal,
+                    "extra" => SqliteSynchronous::Extra,
+                    other => {
+                        return Err(DbErr::Custom(format!(
+                            "database.url: synchronous={other} is not supported (full, normal, extra)"
+                        )));
+                    }
+                }
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, synchronous))
+}
+
+/// The file path of a `sqlite:` URL, if it names a file.
+fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next()?;
+    (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synchronous_defaults_to_full_and_is_stripped() {
+        let (url, sync) = split_sqlite_synchronous("sqlite://var/x.db?mode=rwc").unwrap();
+        assert_eq!(url, "sqlite://var/x.db?mode=rwc");
+        assert!(matches!(sync, SqliteSynchronous::Full));
+        let (url, sync) =
+            split_sqlite_synchronous("sqlite://var/x.db?synchronous=normal&mode=rwc").unwrap();
+        assert_eq!(url, "sqlite://var/x.db?mode=rwc");
+        assert!(matches!(sync, SqliteSynchronous::Normal));
+        assert!(split_sqlite_synchronous("sqlite://x.db?synchronous=off").is_err());
+    }
+
+    #[test]
+    fn sqlite_paths() {
+        assert_eq!(
+            sqlite_path("sqlite://var/orbit-events.db?mode=rwc"),
+            Some("var/orbit-events.db")
+        );
+        assert_eq!(sqlite_path("sqlite:///tmp/a.db"), Some("/tmp/a.db"));
+        assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+}

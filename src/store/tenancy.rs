@@ -1,0 +1,200 @@
+//! Namespaces, applications, queues and credentials: `bootstrap`,
+//! authentication lookups and revocation (spec: architecture.md §5).
+
+use entity::{application, credential, namespace, queue};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set,
+};
+use serde::Serialize;
+
+use crate::{
+    auth::{Principal, generate_token, token_digest},
+    domain::{
+        ApplicationId, CredentialId, NamespaceId, Permission, PermissionSet, QueueId, Timestamp,
+        now,
+    },
+    store::Database,
+};
+
+/// What `orbit-events bootstrap` prints: the token is shown only this once.
+#[derive(Debug, Serialize)]
+pub struct BootstrapOutput {
+    pub namespace_id: String,
+    pub application_id: String,
+    pub queue_id: String,
+    pub credential_id: String,
+    pub token: String,
+    pub permissions: Vec<&'static str>,
+}
+
+/// Creates (or reuses, by name) the namespace, application and queue, and a
+/// new credential with `permissions` scoped to that queue, in one transaction.
+pub async fn bootstrap(
+    db: &Database,
+    namespace_name: &str,
+    application_name: &str,
+    queue_name: &str,
+    permissions: &[Permission],
+) -> Result<BootstrapOutput, DbErr> {
+    let txn = db.begin_write().await?;
+    let t = now().micros();
+
+    let ns = match namespace::Entity::find()
+        .filter(namespace::Column::Name.eq(namespace_name))
+        .one(&txn)
+        .await?
+    {
+        Some(ns) => ns,
+        None => {
+            namespace::ActiveModel {
+                id: Set(NamespaceId::generate().into_string()),
+                name: Set(namespace_name.to_owned()),
+                created_at: Set(t),
+            }
+            .insert(&txn)
+            .await?
+        }
+    };
+    let app = match application::Entity::find()
+        .filter(application::Column::NamespaceId.eq(&ns.id))
+        .filter(application::Column::Name.eq(application_name))
+        .one(&txn)
+        .await?
+    {
+        Some(app) => app,
+        None => {
+            application::ActiveModel {
+                id: Set(ApplicationId::generate().into_string()),
+                namespace_id: Set(ns.id.clone()),
+                name: Set(application_name.to_owned()),
+                created_at: Set(t),
+            }
+            .insert(&txn)
+            .await?
+        }
+    };
+    let q = match queue::Entity::find()
+        .filter(queue::Column::NamespaceId.eq(&ns.id))
+        .filter(queue::Column::Name.eq(queue_name))
+        .one(&txn)
+        .await?
+    {
+        Some(q) => q,
+        None => {
+            queue::ActiveModel {
+                id: Set(QueueId::generate().into_string()),
+                namespace_id: Set(ns.id.clone()),
+                name: Set(queue_name.to_owned()),
+                head_sequence: Set(0),
+                retention_floor: Set(0),
+                created_at: Set(t),
+            }
+            .insert(&txn)
+            .await?
+        }
+    };
+
+    let token = generate_token();
+    let perms = PermissionSet::new(permissions.to_vec());
+    let names = perms.names();
+    let cred = credential::ActiveModel {
+        id: Set(CredentialId::generate().into_string()),
+        namespace_id: Set(ns.id.clone()),
+        application_id: Set(app.id.clone()),
+        token_digest: Set(token_digest(&token)),
+        permissions: Set(to_json_array(&names)),
+        queue_scope: Set(to_json_array(&[q.id.as_str()])),
+        revoked_at: Set(None),
+        created_at: Set(t),
+    }
+    .insert(&txn)
+    .await?;
+    txn.commit().await?;
+
+    Ok(BootstrapOutput {
+        namespace_id: ns.id,
+        application_id: app.id,
+        queue_id: q.id,
+        credential_id: cred.id,
+        token,
+        permissions: names,
+    })
+}
+
+fn to_json_array(items: &[&str]) -> String {
+    serde_json::Value::from(items.to_vec()).to_string()
+}
+
+fn from_json_array(text: &str) -> Vec<String> {
+    serde_json::from_str::<Vec<String>>(text).unwrap_or_default()
+}
+
+/// Builds the principal of a stored, unrevoked credential.
+pub fn principal_of(cred: credential::Model) -> Option<Principal> {
+    if cred.revoked_at.is_some() {
+        return None;
+    }
+    let permissions = from_json_array(&cred.permissions)
+        .iter()
+        .filter_map(|p| Permission::parse(p))
+        .collect();
+    let queue_scope = from_json_array(&cred.queue_scope)
+        .iter()
+        .filter_map(|q| QueueId::parse(q))
+        .collect();
+    Some(Principal {
+        credential_id: CredentialId::from_db(cred.id),
+        namespace_id: NamespaceId::from_db(cred.namespace_id),
+        application_id: ApplicationId::from_db(cred.application_id),
+        permissions: PermissionSet::new(permissions),
+        queue_scope,
+    })
+}
+
+/// The principal of the credential whose token has `digest`, unless revoked.
+pub async fn principal_by_token_digest<C: ConnectionTrait>(
+    conn: &C,
+    digest: &str,
+) -> Result<Option<Principal>, DbErr> {
+    Ok(credential::Entity::find()
+        .filter(credential::Column::TokenDigest.eq(digest))
+        .one(conn)
+        .await?
+        .and_then(principal_of))
+}
+
+/// The current principal of a credential (`None` when unknown or revoked);
+/// used to re-validate a session on ping and claim.
+pub async fn principal_by_id<C: ConnectionTrait>(
+    conn: &C,
+    id: &CredentialId,
+) -> Result<Option<Principal>, DbErr> {
+    Ok(credential::Entity::find_by_id(id.as_str())
+        .one(conn)
+        .await?
+        .and_then(principal_of))
+}
+
+/// Revokes a credential. Returns when it was revoked (the original time if it
+/// already was), or `None` when no such credential exists.
+pub async fn revoke_credential(
+    db: &Database,
+    id: &CredentialId,
+) -> Result<Option<Timestamp>, DbErr> {
+    let txn = db.begin_write().await?;
+    let Some(cred) = credential::Entity::find_by_id(id.as_str())
+        .one(&txn)
+        .await?
+    else {
+        return Ok(None);
+    };
+    if let Some(at) = cred.revoked_at {
+        return Ok(Some(Timestamp(at)));
+    }
+    let at = now();
+    let mut active: credential::ActiveModel = cred.into();
+    active.revoked_at = Set(Some(at.micros()));
+    active.update(&txn).await?;
+    txn.commit().await?;
+    Ok(Some(at))
+}

@@ -1,0 +1,70 @@
+//! `GET /v1/events/connect`: the checks before the upgrade, in the order of
+//! protocol.md §1, each answered with the HTTP envelope.
+
+use actix::Actor;
+use actix_web::{HttpRequest, HttpResponse, http::header, web};
+
+use crate::{
+    auth,
+    delivery::pool::AdmitConnection,
+    domain::Permission,
+    error::{Error, ErrorCode, Result},
+    state::AppState,
+    ws::{MAX_MESSAGE_BYTES, SUBPROTOCOL, connection::ConnectionActor},
+};
+
+/// Upgrades to `orbit.events.v1` after, in order: no query string (400),
+/// Bearer auth (401) with `events:consume` (403), `Origin` in the allow-list
+/// when present (403), the subprotocol offered (426 `PROTOCOL_REQUIRED`),
+/// and a free node connection slot (429 `CAPACITY_EXCEEDED`,
+/// `Retry-After: 1`). No compression extension is negotiated.
+pub async fn connect(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    if !req.query_string().is_empty() {
+        return Err(Error::invalid_argument(
+            "the connect URL takes no query parameters (tokens belong in the Authorization header)",
+        ));
+    }
+    let principal = auth::authenticate(&req, &state.db).await?;
+    principal.require(Permission::EventsConsume)?;
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let allowed = origin
+            .to_str()
+            .is_ok_and(|o| state.settings.server.allowed_origins.iter().any(|a| a == o));
+        if !allowed {
+            return Err(Error::permission_denied(
+                "this Origin is not allowed to connect",
+            ));
+        }
+    }
+    if !offers_subprotocol(&req) {
+        return Err(Error::new(
+            ErrorCode::ProtocolRequired,
+            format!("Sec-WebSocket-Protocol must offer {SUBPROTOCOL}"),
+        ));
+    }
+    let slot = state
+        .pool
+        .send(AdmitConnection)
+        .await
+        .map_err(Error::internal)?
+        .map_err(|_| Error::capacity_exceeded("this node is at its WebSocket connection limit"))?;
+
+    let (response, session, stream) =
+        actix_ws::handle_with_protocols(&req, body, &[SUBPROTOCOL])
+            .map_err(|e| Error::invalid_argument(format!("not a WebSocket upgrade: {e}")))?;
+    let stream = stream.max_frame_size(MAX_MESSAGE_BYTES);
+    ConnectionActor::new(state.get_ref().clone(), principal, session, stream, slot).start();
+    Ok(response)
+}
+
+fn offers_subprotocol(req: &HttpRequest) -> bool {
+    req.headers()
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == SUBPROTOCOL)
+}

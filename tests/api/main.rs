@@ -1,0 +1,6 @@
+//! Integration tests: the real server (`Application::build` on port 0)
+//! against a real database, over real HTTP and WebSocket frames.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod helpers;
+mod skeleton;
