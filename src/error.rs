@@ -218,7 +218,8 @@ impl Error {
 
     /// The `error` member of the envelope.
     pub fn body(&self) -> Value {
-        let mut obj = serde_json::json!({ "code": self.0.code.as_str(), "message": self.0.message });
+        let mut obj =
+            serde_json::json!({ "code": self.0.code.as_str(), "message": self.0.message });
         if let (Some(details), Some(map)) = (&self.0.details, obj.as_object_mut()) {
             map.insert("details".to_owned(), details.clone());
         }
