@@ -86,7 +86,7 @@ pub async fn spawn_app_with(customize: impl FnOnce(&mut Settings)) -> TestApp {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = Settings::defaults().expect("defaults");
     settings.server.listen = "127.0.0.1:0".to_owned();
-    settings.database.url = format!("sqlite://{}/orbit-events.db?mode=rwc", dir.path().display());
+    settings.database.url = fresh_database_url(&dir).await;
     customize(&mut settings);
     let app = Application::build(settings.clone())
         .await
@@ -103,6 +103,34 @@ pub async fn spawn_app_with(customize: impl FnOnce(&mut Settings)) -> TestApp {
         settings,
         _dir: dir,
     }
+}
+
+/// The backend under test: PostgreSQL when `ORBIT_TEST_DATABASE_URL` names
+/// a server (each test gets its own new database there), else SQLite.
+pub fn backend_name() -> &'static str {
+    if std::env::var("ORBIT_TEST_DATABASE_URL").is_ok() {
+        "postgres"
+    } else {
+        "sqlite"
+    }
+}
+
+/// A URL of a new, empty database for one test.
+pub async fn fresh_database_url(dir: &tempfile::TempDir) -> String {
+    let Ok(server) = std::env::var("ORBIT_TEST_DATABASE_URL") else {
+        return format!("sqlite://{}/orbit-events.db?mode=rwc", dir.path().display());
+    };
+    let name = format!("orbit_test_{}", &random_hex_id()[..16]);
+    let admin = sea_orm::Database::connect(&server)
+        .await
+        .expect("connect to the test PostgreSQL server");
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create the test database");
+    admin.close().await.ok();
+    let base = server.rsplit_once('/').map(|(b, _)| b).unwrap_or(&server);
+    format!("{base}/{name}")
 }
 
 impl TestApp {
