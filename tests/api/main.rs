@@ -4,3 +4,4 @@
 
 mod helpers;
 mod skeleton;
+mod http_openapi;
