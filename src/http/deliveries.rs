@@ -152,10 +152,13 @@ pub async fn get(
     let event_id = EventId::from_db(delivery.event_id.clone());
     let mut events = journal::render(state.db.reader(), std::slice::from_ref(&event_id)).await?;
     let Some(event) = events.remove(&event_id) else {
-        let floor = journal::position(state.db.reader(), &crate::domain::QueueId::from_db(sub.queue_id))
-            .await?
-            .map(|p| p.earliest())
-            .unwrap_or(1);
+        let floor = journal::position(
+            state.db.reader(),
+            &crate::domain::QueueId::from_db(sub.queue_id),
+        )
+        .await?
+        .map(|p| p.earliest())
+        .unwrap_or(1);
         return Err(Error::history_expired(floor));
     };
     Ok(respond(

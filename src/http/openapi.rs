@@ -17,7 +17,7 @@ use utoipa::{
         self, HttpMethod, ObjectBuilder, RefOr, Response, Type,
         header::HeaderBuilder,
         path::Operation,
-        schema::{ArrayBuilder, Schema, SchemaFormat, KnownFormat},
+        schema::{ArrayBuilder, KnownFormat, Schema, SchemaFormat},
         security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
     },
 };
@@ -321,14 +321,20 @@ impl Modify for Common {
             let public = path.starts_with("/healthz") || path.starts_with("/readyz");
             for (method, op) in operations(item) {
                 let mut errors: BTreeMap<&str, &str> = BTreeMap::new();
-                errors.insert("400", "Invalid argument (query string, header or body; the message names the field)");
+                errors.insert(
+                    "400",
+                    "Invalid argument (query string, header or body; the message names the field)",
+                );
                 errors.insert("503", "Unavailable: the database is unreachable or the 8 s deadline passed (the transaction was rolled back)");
                 if !public {
                     errors.insert("401", "Missing, malformed, unknown or revoked bearer token");
                     errors.insert("403", "The credential lacks the permission");
                 }
                 if method == HttpMethod::Post {
-                    errors.insert("413", "The body exceeds 524288 bytes (code INVALID_ARGUMENT)");
+                    errors.insert(
+                        "413",
+                        "The body exceeds 524288 bytes (code INVALID_ARGUMENT)",
+                    );
                 }
                 for (status, description) in errors {
                     op.responses

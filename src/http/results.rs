@@ -12,7 +12,10 @@ use crate::{
     domain::{Permission, QueueId, ResultType, Timestamp, U64Str, is_id, now},
     error::{Error, Result},
     http::{
-        openapi::{Envelope, ErrorEnvelope, Id, JsonObject, ResultTypeName, SnapshotState, Time, Uint64String},
+        openapi::{
+            Envelope, ErrorEnvelope, Id, JsonObject, ResultTypeName, SnapshotState, Time,
+            Uint64String,
+        },
         request::{idempotency_key, json_body, no_query},
         write::{idempotent_write, to_data},
     },
@@ -152,8 +155,8 @@ fn validate(
         if !r.snapshot.get().starts_with('{') {
             return Err(at("snapshot", "must be a JSON object"));
         }
-        let snap: ResultSnapshot =
-            strict_json::parse_checked(r.snapshot.get().as_bytes()).map_err(|e| {
+        let snap: ResultSnapshot = strict_json::parse_checked(r.snapshot.get().as_bytes())
+            .map_err(|e| {
                 let field = if e.path == "." {
                     "snapshot".to_owned()
                 } else {

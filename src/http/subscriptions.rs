@@ -219,9 +219,8 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
     let queue_id = params
         .get("queue_id")
         .ok_or_else(|| Error::invalid_argument("queue_id: required query parameter"))?;
-    let queue_id = QueueId::parse(queue_id).ok_or_else(|| {
-        Error::invalid_argument("queue_id: must be 32 lowercase hex characters")
-    })?;
+    let queue_id = QueueId::parse(queue_id)
+        .ok_or_else(|| Error::invalid_argument("queue_id: must be 32 lowercase hex characters"))?;
     let limit = list_limit(params.get("limit").map(String::as_str))?;
     let cursor = params.get("cursor");
     check_cursor_shape(cursor)?;
@@ -232,15 +231,23 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
     }
     let binding = binding(&principal, "subscriptions", queue_id.as_str(), None);
     let after = resume_after(&state, &binding, cursor).await?;
-    let page =
-        subscriptions::list_page(state.db.reader(), &principal, &queue_id, after.as_ref(), limit)
-            .await?;
-    let next_cursor = next_cursor(&state, &binding, page.more, page.items.last().map(|m| {
-        ListPosition {
+    let page = subscriptions::list_page(
+        state.db.reader(),
+        &principal,
+        &queue_id,
+        after.as_ref(),
+        limit,
+    )
+    .await?;
+    let next_cursor = next_cursor(
+        &state,
+        &binding,
+        page.more,
+        page.items.last().map(|m| ListPosition {
             created_at: m.created_at,
             id: m.id.clone(),
-        }
-    }))
+        }),
+    )
     .await?;
     Ok(respond(
         &req,

@@ -9,9 +9,9 @@ use serde::Serialize;
 
 use crate::{
     auth::Principal,
-    http::openapi::{DeliveryStateName, Id, Time, Uint64String},
     domain::{DeliveryId, DeliveryState, SubscriptionId, Timestamp, now},
     error::{Error, Result},
+    http::openapi::{DeliveryStateName, Id, Time, Uint64String},
     store::{
         audit::{self, AuditActor, AuditEntry},
         list_cursor::ListPosition,
@@ -105,8 +105,8 @@ pub async fn list_page<C: ConnectionTrait>(
     after: Option<&ListPosition>,
     limit: u64,
 ) -> Result<Page<delivery::Model>> {
-    let mut query =
-        delivery::Entity::find().filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()));
+    let mut query = delivery::Entity::find()
+        .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()));
     if let Some(state) = state {
         query = query.filter(delivery::Column::State.eq(state.as_str()));
     }

@@ -122,11 +122,7 @@ fn mac(key: &CursorKey, binding: &CursorBinding<'_>, payload: &str) -> Option<Hm
 }
 
 /// The cursor that resumes a list after `last`.
-pub fn encode(
-    key: &CursorKey,
-    binding: &CursorBinding<'_>,
-    last: &ListPosition,
-) -> Option<String> {
+pub fn encode(key: &CursorKey, binding: &CursorBinding<'_>, last: &ListPosition) -> Option<String> {
     let payload = format!("{VERSION}:{}:{}", last.created_at, last.id);
     let tag = mac(key, binding, &payload)?.finalize().into_bytes();
     Some(format!(
@@ -195,14 +191,21 @@ mod tests {
         assert_eq!(decode(&key, &binding("p", Some("ACKED")), &c), Some(last));
         assert_eq!(decode(&key, &binding("p", None), &c), None);
         assert_eq!(decode(&key, &binding("q", Some("ACKED")), &c), None);
-        assert_eq!(decode(&CursorKey(vec![8; 32]), &binding("p", Some("ACKED")), &c), None);
+        assert_eq!(
+            decode(&CursorKey(vec![8; 32]), &binding("p", Some("ACKED")), &c),
+            None
+        );
         // Every single-character alteration is refused.
         for i in 0..c.len() {
             let mut bytes = c.clone().into_bytes();
             bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
             let altered = String::from_utf8(bytes).unwrap();
             if altered != c {
-                assert_eq!(decode(&key, &binding("p", Some("ACKED")), &altered), None, "{altered}");
+                assert_eq!(
+                    decode(&key, &binding("p", Some("ACKED")), &altered),
+                    None,
+                    "{altered}"
+                );
             }
         }
     }

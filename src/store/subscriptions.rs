@@ -10,9 +10,9 @@ use serde::Serialize;
 
 use crate::{
     auth::Principal,
-    http::openapi::{Id, ResultTypeName, Time, Uint64String},
     domain::{QueueId, SubscriptionId, SubscriptionName, Timestamp, TypeSet, now},
     error::{Error, Result},
+    http::openapi::{Id, ResultTypeName, Time, Uint64String},
     store::{
         audit::{self, AuditActor, AuditEntry},
         is_unique_violation,
@@ -236,13 +236,11 @@ pub(crate) fn after_position<C: ColumnTrait>(
     id: C,
     after: &ListPosition,
 ) -> Condition {
-    Condition::any()
-        .add(created_at.lt(after.created_at))
-        .add(
-            Condition::all()
-                .add(created_at.eq(after.created_at))
-                .add(id.lt(after.id.as_str())),
-        )
+    Condition::any().add(created_at.lt(after.created_at)).add(
+        Condition::all()
+            .add(created_at.eq(after.created_at))
+            .add(id.lt(after.id.as_str())),
+    )
 }
 
 /// This credential's subscriptions on `queue_id`, newest first, at most

@@ -3,5 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod helpers;
-mod skeleton;
+mod http_common;
 mod http_openapi;
+mod http_support;
+mod skeleton;
