@@ -4,6 +4,8 @@
 
 mod helpers;
 mod http_common;
+mod http_idempotency;
 mod http_openapi;
+mod http_subscriptions;
 mod http_support;
 mod skeleton;
