@@ -4,7 +4,9 @@
 
 mod helpers;
 mod http_common;
+mod http_deliveries;
 mod http_idempotency;
+mod http_no_change;
 mod http_openapi;
 mod http_subscriptions;
 mod http_support;
