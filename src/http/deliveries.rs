@@ -39,7 +39,7 @@ pub struct RetryBody {
     #[schema(value_type = Uint64String)]
     pub expected_revision: U64Str,
     /// Why; kept in the audit record. 1–1024 Unicode scalar values, no NUL.
-    #[schema(min_length = 1, max_length = 1024)]
+    #[schema(min_length = 1, max_length = 1024, pattern = r"^[^\u0000]+$")]
     pub reason: String,
     /// Added to `attempt_budget` (cumulative at most 1,000,000).
     #[schema(minimum = 1, maximum = 100)]
@@ -60,7 +60,7 @@ const MAX_ADDITIONAL_ATTEMPTS: u32 = 100;
     params(
         ("id" = String, Path, description = "Subscription id"),
         ("state" = Option<crate::http::openapi::DeliveryStateName>, Query, description = "Only deliveries in this state"),
-        ("limit" = Option<String>, Query, pattern = "^(0|[1-9][0-9]*)$", description = "Page size 1–100 (default 20), a canonical decimal"),
+        ("limit" = Option<String>, Query, pattern = "^([1-9]|[1-9][0-9]|100)$", description = "Page size 1–100 (default 20), a canonical decimal"),
         ("cursor" = Option<String>, Query, pattern = r"^[A-Za-z0-9_.\-]{1,256}$", description = "`next_cursor` of the previous page, with the same `state`"),
     ),
     responses(

@@ -73,9 +73,31 @@ Every POST takes an `Idempotency-Key`. The WebSocket endpoint `GET /v1/events/co
 )]
 pub struct ApiDoc;
 
-/// Pattern of a canonical uint64 decimal string (the value bound,
-/// 18446744073709551615, is checked by the server).
-pub const UINT64_PATTERN: &str = "^(0|[1-9][0-9]{0,19})$";
+/// The pattern of a canonical uint64 decimal string, exact up to the bound:
+/// `0`, or 1–19 digits without a leading zero, or 20 digits not above
+/// 18446744073709551615 (one alternative per digit of the bound).
+pub fn uint64_pattern() -> String {
+    let max = u64::MAX.to_string();
+    let digits = max.as_bytes();
+    let mut alternatives = vec!["0".to_owned(), "[1-9][0-9]{0,18}".to_owned()];
+    for (i, &d) in digits.iter().enumerate() {
+        let low = if i == 0 { b'1' } else { b'0' };
+        if d > low {
+            let rest = digits.len() - i - 1;
+            alternatives.push(format!(
+                "{}[{}-{}][0-9]{{{rest}}}",
+                &max[..i],
+                low as char,
+                (d - 1) as char
+            ));
+        }
+    }
+    alternatives.push(max.clone());
+    format!("^({})$", alternatives.join("|"))
+}
+/// Pattern of an RFC 3339 time with at most microsecond precision (the
+/// server refuses finer fractions rather than truncate them).
+pub const TIME_PATTERN: &str = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$";
 /// Pattern of every id: 32 lowercase hex characters.
 pub const ID_PATTERN: &str = "^[0-9a-f]{32}$";
 /// Pattern of an `Idempotency-Key`: 1–255 visible ASCII characters.
@@ -114,7 +136,7 @@ string_schema!(
     Uint64String,
     ObjectBuilder::new()
         .schema_type(Type::String)
-        .pattern(Some(UINT64_PATTERN))
+        .pattern(Some(uint64_pattern()))
         .description(Some(
             "A uint64 as a canonical decimal string: `0` or `[1-9][0-9]*`, at most 18446744073709551615; no sign, leading zero, fraction, exponent or whitespace."
         ))
@@ -135,7 +157,10 @@ string_schema!(
     ObjectBuilder::new()
         .schema_type(Type::String)
         .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)))
-        .description(Some("RFC 3339 in UTC with `Z`, microsecond precision at most."))
+        .pattern(Some(TIME_PATTERN))
+        .description(Some(
+            "RFC 3339 with at most microsecond precision; the server answers in UTC with `Z`."
+        ))
 );
 
 string_schema!(

@@ -119,7 +119,7 @@ pub struct ConfigureBody {
     pub expected_revision: U64Str,
     pub enabled: bool,
     /// Why; kept in the audit record. 1–1024 Unicode scalar values, no NUL.
-    #[schema(min_length = 1, max_length = 1024)]
+    #[schema(min_length = 1, max_length = 1024, pattern = r"^[^\u0000]+$")]
     pub reason: String,
 }
 
@@ -206,7 +206,7 @@ pub async fn create(
     security(("bearer" = [])),
     params(
         ("queue_id" = String, Query, pattern = "^[0-9a-f]{32}$", description = "The queue (required)"),
-        ("limit" = Option<String>, Query, pattern = "^(0|[1-9][0-9]*)$", description = "Page size 1–100 (default 20), a canonical decimal"),
+        ("limit" = Option<String>, Query, pattern = "^([1-9]|[1-9][0-9]|100)$", description = "Page size 1–100 (default 20), a canonical decimal"),
         ("cursor" = Option<String>, Query, pattern = r"^[A-Za-z0-9_.\-]{1,256}$", description = "`next_cursor` of the previous page, with the same queue"),
     ),
     responses(

@@ -5,6 +5,7 @@
 mod helpers;
 mod http_common;
 mod http_deliveries;
+mod http_guide;
 mod http_idempotency;
 mod http_no_change;
 mod http_openapi;
