@@ -383,7 +383,6 @@ async fn a_body_needs_content_type_application_json_and_parameters_are_allowed()
 async fn a_request_past_its_deadline_gets_503_unavailable_and_is_rolled_back() {
     let app = spawn_app_with(|s| s.timing.http_request_timeout_ms = 300).await;
     let cred = app.bootstrap().await;
-    let before = ();
     // Hold the write lock from outside the node so its write transaction
     // cannot start (SQLite: a second connection's BEGIN IMMEDIATE;
     // PostgreSQL: a lock on the idempotency table).
@@ -433,7 +432,6 @@ async fn a_request_past_its_deadline_gets_503_unavailable_and_is_rolled_back() {
         app.scalar("SELECT COUNT(*) FROM idempotency_records").await,
         1
     );
-    let _ = before;
     app.assert_invariants().await;
 }
 
@@ -569,7 +567,7 @@ async fn unknown_fields_case_variants_duplicates_trailing_data_wrong_types_and_n
         ),
         ("".to_owned(), "JSON"),
     ] {
-        assert_rejected(&app, subs, &cred, &body, &field).await;
+        assert_rejected(&app, subs, &cred, &body, field).await;
     }
     // Duplicates at depth, also hidden by an escape, in an ingest body.
     let mut r = result(q, "task.succeeded");

@@ -289,7 +289,6 @@ async fn a_retry_is_409_unless_the_delivery_is_expired_and_at_the_expected_revis
     let cred = app.bootstrap().await;
     let (sub_id, expired, _ws) = expired_delivery(&app, &cred).await;
     let id = expired["id"].as_str().unwrap();
-    let before = fingerprint(&app).await;
     let stale = json!({ "expected_revision": "1", "reason": "r", "additional_attempts": 1 });
     let res = app
         .post(&retry_path(&sub_id, id), &cred.token, "stale", &stale)
@@ -319,7 +318,6 @@ async fn a_retry_is_409_unless_the_delivery_is_expired_and_at_the_expected_revis
         .await;
     assert_eq!(res.status, 200, "{:#}", res.body);
     assert_eq!(res.data()["delivery"]["attempt_budget"], 1_000_000);
-    let _ = before;
     app.assert_invariants().await;
 
     // Not EXPIRED (ACKED, LEASED or PENDING) → 409.
@@ -353,7 +351,7 @@ async fn a_retry_is_409_unless_the_delivery_is_expired_and_at_the_expected_revis
         );
     }
     assert_eq!(fingerprint(&app).await, before);
-    let _ = leased;
+    assert_eq!(leased["body"]["delivery"]["state"], "LEASED");
 }
 
 #[actix_web::test]
