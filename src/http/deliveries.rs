@@ -8,16 +8,14 @@ use utoipa::ToSchema;
 use crate::{
     auth,
     delivery::scanner::SubscriptionChanged,
-    domain::{DeliveryState, EventId, Permission, U64Str},
+    domain::{DeliveryId, DeliveryState, EventId, Permission, QueueId, U64Str},
     error::{Error, Result},
     http::{
         envelope::respond,
+        lists::{binding, check_cursor_shape, next_cursor, resume_after},
         openapi::{DeliveryDetail, DeliveryResult, Envelope, ErrorEnvelope, Page, Uint64String},
         request::{idempotency_key, json_body, list_limit, no_query, query_params},
-        subscriptions::{
-            binding, check_cursor_shape, next_cursor, path_subscription_id, resume_after,
-            validate_reason,
-        },
+        subscriptions::{path_subscription_id, validate_reason},
         write::{idempotent_write, to_data},
     },
     journal::{self, RenderedEvent},
@@ -152,13 +150,10 @@ pub async fn get(
     let event_id = EventId::from_db(delivery.event_id.clone());
     let mut events = journal::render(state.db.reader(), std::slice::from_ref(&event_id)).await?;
     let Some(event) = events.remove(&event_id) else {
-        let floor = journal::position(
-            state.db.reader(),
-            &crate::domain::QueueId::from_db(sub.queue_id),
-        )
-        .await?
-        .map(|p| p.earliest())
-        .unwrap_or(1);
+        let floor = journal::position(state.db.reader(), &QueueId::from_db(sub.queue_id))
+            .await?
+            .map(|p| p.earliest())
+            .unwrap_or(1);
         return Err(Error::history_expired(floor));
     };
     Ok(respond(
@@ -216,7 +211,7 @@ pub async fn retry(
     };
     let (sub_id, delivery_id) = path.into_inner();
     let sub_id = path_subscription_id(&sub_id)?;
-    if crate::domain::DeliveryId::parse(&delivery_id).is_none() {
+    if DeliveryId::parse(&delivery_id).is_none() {
         return Err(Error::not_found("delivery not found"));
     }
     let identity = WriteIdentity::new(

@@ -4,6 +4,7 @@
 pub mod deliveries;
 pub mod envelope;
 pub mod health;
+pub mod lists;
 pub mod openapi;
 pub mod request;
 pub mod results;

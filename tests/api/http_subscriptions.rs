@@ -661,3 +661,38 @@ async fn a_paused_subscription_gets_no_deliveries_and_a_resume_wakes_the_scanner
     assert_eq!(reply["type"], "ack", "{reply:#}");
     app.assert_invariants().await;
 }
+
+#[actix_web::test]
+async fn a_cursor_issued_by_one_node_is_accepted_by_another_on_the_same_database() {
+    let first = spawn_app().await;
+    let url = first.settings.database.url.clone();
+    let second = spawn_app_with(|s| s.database.url = url).await;
+    let cred = first.bootstrap().await;
+    for _ in 0..4 {
+        first.subscribe(&cred, json!({})).await;
+    }
+    let q = &cred.queue_id;
+    // Both nodes issue their first cursor at once: one key results.
+    let page = format!("/v1/subscriptions?queue_id={q}&limit=1");
+    let (a, b) = futures_util::join!(
+        first.get(&page, &cred.token),
+        second.get(&page, &cred.token)
+    );
+    assert_eq!((a.status.as_u16(), b.status.as_u16()), (200, 200));
+    assert_eq!(first.scalar("SELECT COUNT(*) FROM signing_keys").await, 1);
+    assert_eq!(a.data()["next_cursor"], b.data()["next_cursor"]);
+    // Page through, alternating nodes.
+    let mut seen = vec![a.data()["items"][0]["id"].clone()];
+    let mut cursor = a.data()["next_cursor"].as_str().map(str::to_owned);
+    let mut turn = 0;
+    while let Some(c) = cursor {
+        let node = if turn % 2 == 0 { &second } else { &first };
+        turn += 1;
+        let res = node.get(&format!("{page}&cursor={c}"), &cred.token).await;
+        assert_eq!(res.status, 200, "{:#}", res.body);
+        seen.push(res.data()["items"][0]["id"].clone());
+        cursor = res.data()["next_cursor"].as_str().map(str::to_owned);
+    }
+    assert_eq!(seen.len(), 4);
+    assert_eq!(seen.iter().collect::<HashSet<_>>().len(), 4);
+}
