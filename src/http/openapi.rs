@@ -4,9 +4,9 @@
 //! this document, pretty-printed; a test fails when the two differ
 //! (regenerate with `ORBIT_UPDATE_OPENAPI=1 cargo test --test api openapi`).
 //!
-//! The WebSocket endpoint `GET /v1/events/connect` is described by
-//! `docs/protocol.md`, not here: OpenAPI has no way to state a frame
-//! protocol.
+//! The WebSocket endpoint `GET /v1/events/connect` is not in the document:
+//! OpenAPI has no way to state a frame protocol (`orbit.events.v1` has its
+//! own description).
 
 use std::collections::BTreeMap;
 
@@ -47,7 +47,7 @@ pub fn document() -> String {
 Every response is an envelope: `{request_id, data}` on success, `{request_id, error}` \
 otherwise, with `X-Request-ID`, `Cache-Control: no-store` and `Content-Type: application/json`. \
 Every POST takes an `Idempotency-Key`. The WebSocket endpoint `GET /v1/events/connect` \
-(protocol `orbit.events.v1`) is described in docs/protocol.md.",
+speaks the `orbit.events.v1` frame protocol, which is described separately.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     paths(
@@ -104,7 +104,7 @@ pub const ID_PATTERN: &str = "^[0-9a-f]{32}$";
 pub const IDEMPOTENCY_KEY_PATTERN: &str = "^[!-~]{1,255}$";
 
 /// The codes an HTTP management request can answer with (the upgrade-only
-/// and frame-only codes are documented in docs/protocol.md).
+/// and frame-only codes belong to the WebSocket protocol).
 const HTTP_ERROR_CODES: [ErrorCode; 9] = [
     ErrorCode::InvalidArgument,
     ErrorCode::Unauthenticated,
