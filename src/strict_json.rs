@@ -81,7 +81,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StrictJsonError> {
 /// the body of a frame whose whole text was checked).
 pub fn parse_checked<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StrictJsonError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+    let value: T = serde_path_to_error::deserialize(ObjectsOnly(&mut de)).map_err(|err| {
         let path = err.path().to_string();
         StrictJsonError {
             path,
@@ -164,6 +164,249 @@ fn strip_position(msg: &str) -> String {
 }
 
 const DUP_MARK: &str = "\u{0}dup\u{0}";
+
+/// A deserializer that builds structs from JSON objects only. serde's
+/// derive also accepts a struct written as an array of its field values in
+/// declaration order (`["name", "queue_id", ...]`), which would let a
+/// client skip every field name; this wrapper refuses that form at every
+/// depth by wrapping every nested deserializer, visitor and access. Enum
+/// payloads are passed through unwrapped (no client JSON holds an enum
+/// with struct variants).
+struct ObjectsOnly<D>(D);
+
+/// A visitor whose nested values are read through [`ObjectsOnly`];
+/// `is_struct` refuses the array form.
+struct Wrap<V> {
+    inner: V,
+    is_struct: bool,
+}
+
+impl<V> Wrap<V> {
+    fn plain(inner: V) -> Wrap<V> {
+        Wrap {
+            inner,
+            is_struct: false,
+        }
+    }
+}
+
+struct Seed<S>(S);
+struct Seq<A>(A);
+struct Map<A>(A);
+
+macro_rules! forward_deserialize {
+    ($($method:ident),* $(,)?) => {$(
+        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+            self.0.$method(Wrap::plain(visitor))
+        }
+    )*};
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for ObjectsOnly<D> {
+    type Error = D::Error;
+
+    forward_deserialize!(
+        deserialize_any,
+        deserialize_bool,
+        deserialize_i8,
+        deserialize_i16,
+        deserialize_i32,
+        deserialize_i64,
+        deserialize_i128,
+        deserialize_u8,
+        deserialize_u16,
+        deserialize_u32,
+        deserialize_u64,
+        deserialize_u128,
+        deserialize_f32,
+        deserialize_f64,
+        deserialize_char,
+        deserialize_str,
+        deserialize_string,
+        deserialize_bytes,
+        deserialize_byte_buf,
+        deserialize_option,
+        deserialize_unit,
+        deserialize_seq,
+        deserialize_map,
+        deserialize_identifier,
+        deserialize_ignored_any,
+    );
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_unit_struct(name, Wrap::plain(visitor))
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0
+            .deserialize_newtype_struct(name, Wrap::plain(visitor))
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(
+        self,
+        len: usize,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_tuple(len, Wrap::plain(visitor))
+    }
+
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        len: usize,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0
+            .deserialize_tuple_struct(name, len, Wrap::plain(visitor))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_struct(
+            name,
+            fields,
+            Wrap {
+                inner: visitor,
+                is_struct: true,
+            },
+        )
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0
+            .deserialize_enum(name, variants, Wrap::plain(visitor))
+    }
+
+    fn is_human_readable(&self) -> bool {
+        self.0.is_human_readable()
+    }
+}
+
+macro_rules! forward_visit {
+    ($($method:ident($ty:ty)),* $(,)?) => {$(
+        fn $method<E: de::Error>(self, v: $ty) -> Result<V::Value, E> {
+            self.inner.$method(v)
+        }
+    )*};
+}
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for Wrap<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.expecting(f)
+    }
+
+    forward_visit!(
+        visit_bool(bool),
+        visit_i8(i8),
+        visit_i16(i16),
+        visit_i32(i32),
+        visit_i64(i64),
+        visit_i128(i128),
+        visit_u8(u8),
+        visit_u16(u16),
+        visit_u32(u32),
+        visit_u64(u64),
+        visit_u128(u128),
+        visit_f32(f32),
+        visit_f64(f64),
+        visit_char(char),
+        visit_str(&str),
+        visit_borrowed_str(&'de str),
+        visit_string(String),
+        visit_bytes(&[u8]),
+        visit_borrowed_bytes(&'de [u8]),
+        visit_byte_buf(Vec<u8>),
+    );
+
+    fn visit_none<E: de::Error>(self) -> Result<V::Value, E> {
+        self.inner.visit_none()
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<V::Value, E> {
+        self.inner.visit_unit()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+        self.inner.visit_some(ObjectsOnly(d))
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+        self.inner.visit_newtype_struct(ObjectsOnly(d))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<V::Value, A::Error> {
+        if self.is_struct {
+            return Err(de::Error::invalid_type(
+                de::Unexpected::Seq,
+                &"a JSON object",
+            ));
+        }
+        self.inner.visit_seq(Seq(seq))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.inner.visit_map(Map(map))
+    }
+
+    fn visit_enum<A: de::EnumAccess<'de>>(self, data: A) -> Result<V::Value, A::Error> {
+        self.inner.visit_enum(data)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<S> {
+    type Value = S::Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
+        self.0.deserialize(ObjectsOnly(d))
+    }
+}
+
+impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for Seq<A> {
+    type Error = A::Error;
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, A::Error> {
+        self.0.next_element_seed(Seed(seed))
+    }
+    fn size_hint(&self) -> Option<usize> {
+        self.0.size_hint()
+    }
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for Map<A> {
+    type Error = A::Error;
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        self.0.next_key_seed(Seed(seed))
+    }
+    fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, A::Error> {
+        self.0.next_value_seed(Seed(seed))
+    }
+    fn size_hint(&self) -> Option<usize> {
+        self.0.size_hint()
+    }
+}
 
 /// Walks any JSON value, refusing duplicate keys. `path` is the location of
 /// the value being walked, for the error message.
@@ -303,6 +546,25 @@ mod tests {
         assert!(err(r#"{"name":"a"}x"#).message.contains("JSON"));
         assert!(err("").message.contains("JSON"));
         assert!(err(r#"{"name":1}"#).path == "name");
+    }
+
+    #[test]
+    fn a_struct_written_as_an_array_is_refused_at_every_depth() {
+        let e = err(r#"["a"]"#);
+        assert!(e.message.contains("a JSON object"), "{e}");
+        let e = err(r#"{"name":"a","inner":[3]}"#);
+        assert_eq!(e.path, "inner");
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct List {
+            items: Vec<Inner>,
+            raw: Box<serde_json::value::RawValue>,
+        }
+        let e = parse::<List>(br#"{"items":[{"capacity":1},[2]],"raw":[1]}"#).unwrap_err();
+        assert_eq!(e.path, "items[1]");
+        let ok: List = parse(br#"{"items":[{"capacity":1}],"raw":{"x":[1,{"y":2}]}}"#).unwrap();
+        assert_eq!(ok.raw.get(), r#"{"x":[1,{"y":2}]}"#);
     }
 
     #[test]

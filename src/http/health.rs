@@ -1,7 +1,6 @@
 //! `/healthz` (the process answers) and `/readyz` (the database answers).
 
 use actix_web::{HttpRequest, HttpResponse, http::StatusCode, web};
-use serde_json::json;
 
 use crate::{
     error::{Error, Result},
@@ -9,13 +8,46 @@ use crate::{
     state::AppState,
 };
 
+/// `data` of `/healthz` and `/readyz`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// `ok` (healthz) or `ready` (readyz).
+    pub status: &'static str,
+    /// The answering node (readyz only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::http::openapi::Id>, nullable = false)]
+    pub node_id: Option<String>,
+}
+
 /// 200 `{"status": "ok"}` while the process serves requests.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    operation_id = "healthz",
+    responses((status = 200, description = "The process serves requests", body = crate::http::openapi::Envelope<Health>))
+)]
 pub async fn healthz(req: HttpRequest) -> Result<HttpResponse> {
     no_query(&req)?;
-    Ok(respond(&req, StatusCode::OK, json!({ "status": "ok" })))
+    Ok(respond(
+        &req,
+        StatusCode::OK,
+        Health {
+            status: "ok",
+            node_id: None,
+        },
+    ))
 }
 
 /// 200 `{"status": "ready"}` when the database answers, else 503 `UNAVAILABLE`.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    operation_id = "readyz",
+    responses((status = 200, description = "The database answers", body = crate::http::openapi::Envelope<Health>))
+)]
 pub async fn readyz(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse> {
     no_query(&req)?;
     state.db.ping().await.map_err(|e| {
@@ -25,6 +57,9 @@ pub async fn readyz(req: HttpRequest, state: web::Data<AppState>) -> Result<Http
     Ok(respond(
         &req,
         StatusCode::OK,
-        json!({ "status": "ready", "node_id": state.node_id }),
+        Health {
+            status: "ready",
+            node_id: Some(state.node_id.to_string()),
+        },
     ))
 }

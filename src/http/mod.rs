@@ -1,8 +1,11 @@
 //! The management HTTP API (spec: http-api.md): one module per resource,
 //! handlers named after their verbs.
 
+pub mod deliveries;
 pub mod envelope;
 pub mod health;
+pub mod lists;
+pub mod openapi;
 pub mod request;
 pub mod results;
 pub mod subscriptions;
@@ -33,11 +36,32 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     ))
     .service(resource(
         "/v1/subscriptions",
-        vec![("POST", web::post().to(subscriptions::create))],
+        vec![
+            ("GET", web::get().to(subscriptions::list)),
+            ("POST", web::post().to(subscriptions::create)),
+        ],
     ))
+    // A path segment `{id}:verb` names a custom method: ids never hold a
+    // colon, so `{id}` and `{id}:configure` cannot be confused.
     .service(resource(
         "/v1/subscriptions/{id:[^/:]+}",
         vec![("GET", web::get().to(subscriptions::get))],
+    ))
+    .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}:configure",
+        vec![("POST", web::post().to(subscriptions::configure))],
+    ))
+    .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}/deliveries",
+        vec![("GET", web::get().to(deliveries::list))],
+    ))
+    .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}/deliveries/{delivery_id:[^/:]+}",
+        vec![("GET", web::get().to(deliveries::get))],
+    ))
+    .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}/deliveries/{delivery_id:[^/:]+}:retry",
+        vec![("POST", web::post().to(deliveries::retry))],
     ))
     .default_service(web::to(|| async {
         Err::<HttpResponse, _>(Error::not_found("no such route"))

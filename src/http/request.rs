@@ -1,11 +1,14 @@
 //! Request parsing shared by the handlers: query-string rules, the
 //! `Idempotency-Key` header and strict JSON bodies (spec: http-api.md §1–§2).
 
+use std::collections::HashMap;
+
 use actix_web::{HttpMessage, HttpRequest, web};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use crate::{
+    domain::parse_canonical_u64,
     error::{Error, Result},
     store::idempotency::IdempotencyKey,
     strict_json,
@@ -66,4 +69,41 @@ pub async fn json_body<T: DeserializeOwned>(
         body.extend_from_slice(&chunk);
     }
     Ok(strict_json::parse(&body)?)
+}
+
+/// The query string of a list endpoint (spec: http-api.md §1): only the
+/// names in `allowed`, each at most once; anything else is 400
+/// `INVALID_ARGUMENT` naming the parameter. Values are percent-decoded.
+pub fn query_params(
+    req: &HttpRequest,
+    allowed: &[&'static str],
+) -> Result<HashMap<&'static str, String>> {
+    let mut out = HashMap::new();
+    for (name, value) in form_urlencoded::parse(req.query_string().as_bytes()) {
+        let Some(known) = allowed.iter().find(|a| **a == name) else {
+            return Err(Error::invalid_argument(format!(
+                "{name}: unknown query parameter; this endpoint takes {}",
+                allowed.join(", ")
+            )));
+        };
+        if out.insert(*known, value.into_owned()).is_some() {
+            return Err(Error::invalid_argument(format!(
+                "{name}: query parameter given more than once"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// The `limit` query parameter of a list: a canonical decimal 1–100,
+/// default 20.
+pub fn list_limit(value: Option<&str>) -> Result<u64> {
+    const DEFAULT: u64 = 20;
+    const MAX: u64 = 100;
+    match value {
+        None => Ok(DEFAULT),
+        Some(v) => parse_canonical_u64(v)
+            .filter(|n| (1..=MAX).contains(n))
+            .ok_or_else(|| Error::invalid_argument("limit: must be an integer from 1 to 100")),
+    }
 }

@@ -3,7 +3,8 @@
 
 use actix_web::{HttpRequest, HttpResponse, http::StatusCode, web};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, value::RawValue};
+use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
 use crate::{
     auth,
@@ -11,8 +12,12 @@ use crate::{
     domain::{Permission, QueueId, ResultType, Timestamp, U64Str, is_id, now},
     error::{Error, Result},
     http::{
+        openapi::{
+            Envelope, ErrorEnvelope, Id, JsonObject, ResultTypeName, SnapshotState, Time,
+            Uint64String,
+        },
         request::{idempotency_key, json_body, no_query},
-        write::idempotent_write,
+        write::{idempotent_write, to_data},
     },
     journal::{self, NewResult},
     state::AppState,
@@ -24,41 +29,87 @@ use crate::{
 pub const MAX_RESULTS_PER_REQUEST: usize = 100;
 
 /// Body: `{"results": [1..100 results]}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PublishResultsRequest)]
 pub struct PublishBody {
+    /// Appended atomically, in this order.
+    #[schema(min_items = 1, max_items = 100)]
     pub results: Vec<PublishedResult>,
 }
 
 /// One result as a producer sends it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PublishedResult {
     #[serde(rename = "type")]
+    #[schema(value_type = ResultTypeName)]
     pub result_type: String,
+    /// The task id; equals `snapshot.task_id`.
+    #[schema(value_type = Id)]
     pub aggregate_id: String,
+    /// Equals `snapshot.revision`.
+    #[schema(value_type = Uint64String)]
     pub aggregate_revision: U64Str,
+    /// RFC 3339, at most microsecond precision.
+    #[schema(value_type = Time)]
     pub occurred_at: String,
+    /// Any JSON object, kept byte-exact.
+    #[schema(value_type = JsonObject)]
     pub details: Box<RawValue>,
+    #[schema(value_type = ResultSnapshot)]
     pub snapshot: Box<RawValue>,
 }
 
-/// The fixed snapshot shape (schema_version 1); `result` is arbitrary JSON
-/// kept byte-exact in the stored snapshot text.
-#[derive(Debug, Deserialize)]
+/// The task snapshot of a result (schema_version 1); `result` is arbitrary
+/// JSON kept byte-exact in the stored snapshot text.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Snapshot {
+pub struct ResultSnapshot {
+    /// Always 1.
+    #[schema(minimum = 1, maximum = 1)]
     schema_version: u32,
+    /// Equals `aggregate_id`.
+    #[schema(value_type = Id)]
     task_id: String,
+    /// Equals the queue in the path.
+    #[schema(value_type = Id)]
     queue_id: String,
+    /// SUCCEEDED, FAILED, CANCELLED or NEEDS_REVIEW, matching the type.
+    #[schema(value_type = SnapshotState)]
     state: String,
+    /// Equals `aggregate_revision`.
+    #[schema(value_type = Uint64String)]
     revision: U64Str,
     effect_uncertain: bool,
+    /// Any JSON value (numbers keep their full precision).
     #[serde(default)]
     #[allow(dead_code)]
+    #[schema(value_type = Option<serde_json::Value>)]
     result: Option<Box<RawValue>>,
     #[serde(default, deserialize_with = "non_null")]
+    #[schema(value_type = Option<Id>, nullable = false)]
     current_attempt_id: Option<String>,
+}
+
+/// One appended event: its id and sequence.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendedEvent {
+    #[schema(value_type = Id)]
+    pub id: String,
+    #[schema(value_type = Uint64String)]
+    pub sequence: String,
+}
+
+/// `data` of a publish.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishResult {
+    /// In request order.
+    pub events: Vec<AppendedEvent>,
+    /// True when this answer replays an earlier request with the same key.
+    pub deduplicated: bool,
 }
 
 /// The normalized form of one result, for the idempotency digest.
@@ -104,8 +155,8 @@ fn validate(
         if !r.snapshot.get().starts_with('{') {
             return Err(at("snapshot", "must be a JSON object"));
         }
-        let snap: Snapshot =
-            strict_json::parse_checked(r.snapshot.get().as_bytes()).map_err(|e| {
+        let snap: ResultSnapshot = strict_json::parse_checked(r.snapshot.get().as_bytes())
+            .map_err(|e| {
                 let field = if e.path == "." {
                     "snapshot".to_owned()
                 } else {
@@ -169,6 +220,25 @@ fn validate(
 /// `POST /v1/queues/{queue_id}/results` (results:publish): appends the whole
 /// batch atomically; 201 `{events: [{id, sequence}], deduplicated: false}`.
 /// The scanner is woken after the commit.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue_id}/results",
+    tag = "results",
+    operation_id = "publishResults",
+    security(("bearer" = [])),
+    params(
+        ("queue_id" = String, Path, description = "The queue whose log the results join"),
+        ("Idempotency-Key" = String, Header, pattern = r"^[!-~]{1,255}$",
+         description = "1–255 visible ASCII characters, scoped to the credential"),
+    ),
+    request_body(content = PublishBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Appended", body = Envelope<PublishResult>),
+        (status = 200, description = "Replay of an earlier request with this key, `deduplicated: true`", body = Envelope<PublishResult>),
+        (status = 404, description = "The queue is unknown or outside the credential's scope", body = ErrorEnvelope),
+        (status = 409, description = "IDEMPOTENCY_CONFLICT", body = ErrorEnvelope),
+    )
+)]
 pub async fn publish(
     req: HttpRequest,
     path: web::Path<String>,
@@ -198,11 +268,17 @@ pub async fn publish(
             let appended = journal::append(txn, &q, &results, now())
                 .await?
                 .ok_or_else(|| Error::not_found("queue not found"))?;
-            let events: Vec<_> = appended
+            let events = appended
                 .iter()
-                .map(|(id, seq)| json!({ "id": id, "sequence": seq.to_string() }))
+                .map(|(id, seq)| AppendedEvent {
+                    id: id.to_string(),
+                    sequence: seq.to_string(),
+                })
                 .collect();
-            Ok(json!({ "events": events, "deduplicated": false }))
+            to_data(&PublishResult {
+                events,
+                deduplicated: false,
+            })
         })
     })
     .await?;

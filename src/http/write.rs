@@ -56,3 +56,8 @@ where
         applied: true,
     })
 }
+
+/// The response `data` of a write as stored in its idempotency record.
+pub fn to_data(data: &impl serde::Serialize) -> Result<Value> {
+    serde_json::to_value(data).map_err(crate::error::Error::internal)
+}

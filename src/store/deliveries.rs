@@ -1,33 +1,67 @@
 //! Deliveries as the API shows them (spec: http-api.md §3 "Deliveries").
 
 use entity::delivery;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, sea_query::Expr,
+};
 use serde::Serialize;
 
-use crate::domain::{DeliveryState, Timestamp};
+use crate::{
+    auth::Principal,
+    domain::{DeliveryId, DeliveryState, SubscriptionId, Timestamp, now},
+    error::{Error, Result},
+    http::openapi::{DeliveryStateName, Id, Time, Uint64String},
+    store::{
+        audit::{self, AuditActor, AuditEntry},
+        list_cursor::ListPosition,
+        lock_for_update,
+        subscriptions::{self, Page, after_position},
+    },
+};
 
 /// `EventDelivery`: absent fields are omitted, never null; no lease secret
 /// or digest ever appears here.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = EventDelivery)]
 pub struct DeliveryView {
+    /// Stable across redeliveries of one event to one subscription.
+    #[schema(value_type = Id)]
     pub id: String,
+    #[schema(value_type = Id)]
     pub subscription_id: String,
+    #[schema(value_type = Id)]
     pub event_id: String,
-    /// uint64 string.
+    /// The event's sequence in its queue's log.
+    #[schema(value_type = Uint64String)]
     pub sequence: String,
-    /// uint64 string.
+    /// 1 when materialized; +1 on each lease, recovery, ACK and retry.
+    #[schema(value_type = Uint64String)]
     pub revision: String,
+    #[schema(value_type = DeliveryStateName)]
     pub state: String,
+    #[schema(value_type = Time)]
     pub created_at: Timestamp,
+    /// Earliest time of the next offer.
+    #[schema(value_type = Time)]
     pub available_at: Timestamp,
-    /// uint64 string; "0" when never leased.
+    /// "0" when never leased; +1 on each lease.
+    #[schema(value_type = Uint64String)]
     pub lease_epoch: String,
     /// Only in state LEASED.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Time>, nullable = false)]
     pub lease_until: Option<Timestamp>,
+    /// Leases so far; a retry does not reset it.
+    #[schema(minimum = 0)]
     pub attempts: i32,
+    /// Cumulative budget of attempts (at most 1,000,000).
+    #[schema(minimum = 1, maximum = 1000000)]
     pub attempt_budget: i32,
     /// Only in state ACKED.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Time>, nullable = false)]
     pub acknowledged_at: Option<Timestamp>,
 }
 
@@ -56,4 +90,144 @@ impl From<&delivery::Model> for DeliveryView {
                 .map(Timestamp),
         }
     }
+}
+
+/// The cumulative `attempt_budget` a retry may reach (spec:
+/// delivery-model.md §6).
+pub const MAX_ATTEMPT_BUDGET: i64 = 1_000_000;
+
+/// `subscription`'s deliveries, newest first, optionally in one state, at
+/// most `limit`, after `after` (spec: http-api.md §3 "Deliveries").
+pub async fn list_page<C: ConnectionTrait>(
+    conn: &C,
+    subscription_id: &SubscriptionId,
+    state: Option<DeliveryState>,
+    after: Option<&ListPosition>,
+    limit: u64,
+) -> Result<Page<delivery::Model>> {
+    let mut query = delivery::Entity::find()
+        .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()));
+    if let Some(state) = state {
+        query = query.filter(delivery::Column::State.eq(state.as_str()));
+    }
+    if let Some(after) = after {
+        query = query.filter(after_position(
+            delivery::Column::CreatedAt,
+            delivery::Column::Id,
+            after,
+        ));
+    }
+    let mut items = query
+        .order_by_desc(delivery::Column::CreatedAt)
+        .order_by_desc(delivery::Column::Id)
+        .limit(limit + 1)
+        .all(conn)
+        .await?;
+    let more = items.len() as u64 > limit;
+    items.truncate(limit as usize);
+    Ok(Page { items, more })
+}
+
+/// The delivery `id` of `subscription_id`; 404 for an unknown id and for a
+/// delivery of another subscription (never a hint that it exists).
+pub async fn get_of_subscription<C: ConnectionTrait>(
+    conn: &C,
+    subscription_id: &SubscriptionId,
+    id: &str,
+) -> Result<delivery::Model> {
+    let not_found = || Error::not_found("delivery not found");
+    let id = DeliveryId::parse(id).ok_or_else(not_found)?;
+    delivery::Entity::find_by_id(id.as_str())
+        .one(conn)
+        .await?
+        .filter(|d| d.subscription_id == subscription_id.as_str())
+        .ok_or_else(not_found)
+}
+
+/// A validated retry request (spec: http-api.md §3, delivery-model.md §6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Retry {
+    pub expected_revision: u64,
+    /// 1–1024 Unicode scalar values.
+    pub reason: String,
+    /// 1–100.
+    pub additional_attempts: u32,
+}
+
+/// Re-arms an EXPIRED delivery inside the caller's transaction: 404 unless
+/// the subscription is owned and the delivery is its own; 409
+/// `STATE_CONFLICT` unless the state is EXPIRED, `expected_revision` is the
+/// current revision and `attempt_budget + additional_attempts` stays within
+/// 1,000,000. Sets PENDING, `available_at = now`, `revision += 1`,
+/// `attempt_budget += additional_attempts`; `attempts`, `lease_epoch`, the
+/// latest lease proof (a late ACK still counts) and the backlog slot
+/// (`pending_count`) are kept. Writes an audit record. The caller wakes the
+/// scanner after commit.
+pub async fn retry_delivery(
+    txn: &DatabaseTransaction,
+    principal: &Principal,
+    subscription_id: &SubscriptionId,
+    delivery_id: &str,
+    retry: &Retry,
+) -> Result<delivery::Model> {
+    let sub = subscriptions::get_owned(txn, principal, subscription_id.as_str()).await?;
+    let not_found = || Error::not_found("delivery not found");
+    let id = DeliveryId::parse(delivery_id).ok_or_else(not_found)?;
+    let backend = txn.get_database_backend();
+    let current = lock_for_update(delivery::Entity::find_by_id(id.as_str()), backend)
+        .one(txn)
+        .await?
+        .filter(|d| d.subscription_id == sub.id)
+        .ok_or_else(not_found)?;
+    if current.state != DeliveryState::Expired.as_str() {
+        return Err(Error::state_conflict(format!(
+            "only an EXPIRED delivery can be retried; this one is {}",
+            current.state
+        )));
+    }
+    if u64::try_from(current.revision).ok() != Some(retry.expected_revision) {
+        return Err(Error::state_conflict(format!(
+            "expected_revision: the delivery is at revision {}, not {}",
+            current.revision, retry.expected_revision
+        )));
+    }
+    let budget = i64::from(current.attempt_budget) + i64::from(retry.additional_attempts);
+    if budget > MAX_ATTEMPT_BUDGET {
+        return Err(Error::state_conflict(format!(
+            "additional_attempts: the attempt budget would reach {budget}, above {MAX_ATTEMPT_BUDGET}"
+        )));
+    }
+    let t = now();
+    let after = current.revision + 1;
+    delivery::Entity::update_many()
+        .col_expr(
+            delivery::Column::State,
+            Expr::value(DeliveryState::Pending.as_str()),
+        )
+        .col_expr(delivery::Column::AvailableAt, Expr::value(t.micros()))
+        .col_expr(delivery::Column::Revision, Expr::value(after))
+        .col_expr(delivery::Column::AttemptBudget, Expr::value(budget as i32))
+        .filter(delivery::Column::Id.eq(id.as_str()))
+        .exec(txn)
+        .await?;
+    audit::record(
+        txn,
+        &AuditActor {
+            namespace_id: principal.namespace_id.clone(),
+            credential_id: principal.credential_id.clone(),
+        },
+        AuditEntry {
+            action: "delivery.retry",
+            target_id: id.as_str(),
+            reason: Some(&retry.reason),
+            before_revision: Some(current.revision),
+            after_revision: Some(after),
+            at: t,
+        },
+    )
+    .await?;
+    delivery::Entity::find_by_id(id.as_str())
+        .one(txn)
+        .await?
+        .ok_or_else(|| Error::internal("a retried delivery vanished"))
 }

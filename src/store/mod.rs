@@ -12,6 +12,7 @@ pub mod audit;
 pub mod claim;
 pub mod deliveries;
 pub mod idempotency;
+pub mod list_cursor;
 pub mod materialize;
 pub mod sessions;
 pub mod subscriptions;

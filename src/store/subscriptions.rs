@@ -3,8 +3,8 @@
 
 use entity::{namespace, queue, subscription};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
-    PaginatorTrait, QueryFilter, Set,
+    ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set, sea_query::Expr,
 };
 use serde::Serialize;
 
@@ -12,27 +12,48 @@ use crate::{
     auth::Principal,
     domain::{QueueId, SubscriptionId, SubscriptionName, Timestamp, TypeSet, now},
     error::{Error, Result},
-    store::{is_unique_violation, lock_for_update},
+    http::openapi::{Id, ResultTypeName, Time, Uint64String},
+    store::{
+        audit::{self, AuditActor, AuditEntry},
+        is_unique_violation,
+        list_cursor::ListPosition,
+        lock_for_update,
+    },
 };
 
-/// The subscription object of the API.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// The subscription object of the API (spec: http-api.md §3).
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Subscription)]
 pub struct SubscriptionView {
+    #[schema(value_type = Id)]
     pub id: String,
+    #[schema(value_type = Id)]
     pub queue_id: String,
+    #[schema(value_type = Id)]
     pub credential_id: String,
     pub name: String,
-    /// uint64 string.
+    /// Grows by 1 on every configure; materialization and ACKs never change it.
+    #[schema(value_type = Uint64String)]
     pub revision: String,
     pub enabled: bool,
-    /// Canonical order.
+    /// Canonical order: task.cancelled, task.failed, task.needs_review, task.succeeded.
+    #[schema(value_type = Vec<ResultTypeName>)]
     pub types: Vec<&'static str>,
-    /// uint64 string: how far the scanner has read (not an ACK watermark).
+    /// How far the scanner has read the log and created deliveries (not an
+    /// ACK watermark).
+    #[schema(value_type = Uint64String)]
     pub cursor_sequence: String,
+    /// Deliveries in PENDING, LEASED or EXPIRED; at most `max_pending`.
+    #[schema(minimum = 0)]
     pub pending_count: i64,
+    #[schema(minimum = 1, maximum = 1000)]
     pub max_pending: i32,
+    #[schema(minimum = 1, maximum = 100)]
     pub max_attempts: i32,
+    #[schema(value_type = Time)]
     pub created_at: Timestamp,
+    #[schema(value_type = Time)]
     pub updated_at: Timestamp,
 }
 
@@ -199,4 +220,124 @@ pub async fn get_owned<C: ConnectionTrait>(
 pub fn owned(principal: &Principal, model: subscription::Model) -> Option<subscription::Model> {
     let queue_ok = QueueId::parse(&model.queue_id).is_some_and(|q| principal.in_scope(&q));
     (model.credential_id == principal.credential_id.as_str() && queue_ok).then_some(model)
+}
+
+/// One page of a list in `created_at DESC, id DESC` order; `more` is true
+/// when rows follow the last one.
+#[derive(Debug)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub more: bool,
+}
+
+/// Rows strictly after `after` in `created_at DESC, id DESC` order.
+pub(crate) fn after_position<C: ColumnTrait>(
+    created_at: C,
+    id: C,
+    after: &ListPosition,
+) -> Condition {
+    Condition::any().add(created_at.lt(after.created_at)).add(
+        Condition::all()
+            .add(created_at.eq(after.created_at))
+            .add(id.lt(after.id.as_str())),
+    )
+}
+
+/// This credential's subscriptions on `queue_id`, newest first, at most
+/// `limit`, after `after` (spec: http-api.md §3 "Get / list").
+pub async fn list_page<C: ConnectionTrait>(
+    conn: &C,
+    principal: &Principal,
+    queue_id: &QueueId,
+    after: Option<&ListPosition>,
+    limit: u64,
+) -> Result<Page<subscription::Model>> {
+    let mut query = subscription::Entity::find()
+        .filter(subscription::Column::CredentialId.eq(principal.credential_id.as_str()))
+        .filter(subscription::Column::QueueId.eq(queue_id.as_str()));
+    if let Some(after) = after {
+        query = query.filter(after_position(
+            subscription::Column::CreatedAt,
+            subscription::Column::Id,
+            after,
+        ));
+    }
+    let mut items = query
+        .order_by_desc(subscription::Column::CreatedAt)
+        .order_by_desc(subscription::Column::Id)
+        .limit(limit + 1)
+        .all(conn)
+        .await?;
+    let more = items.len() as u64 > limit;
+    items.truncate(limit as usize);
+    Ok(Page { items, more })
+}
+
+/// A validated configure request (spec: http-api.md §3 "Configure").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Configure {
+    pub expected_revision: u64,
+    pub enabled: bool,
+    /// 1–1024 Unicode scalar values.
+    pub reason: String,
+}
+
+/// Pauses or resumes a subscription inside the caller's transaction: 404
+/// unless owned; 409 `STATE_CONFLICT` unless `expected_revision` equals the
+/// current revision. Sets `enabled`, bumps `revision` (also when `enabled`
+/// does not change) and writes an audit record. Returns the row after the
+/// change. The caller wakes the scanner after commit on a resume.
+pub async fn configure(
+    txn: &DatabaseTransaction,
+    principal: &Principal,
+    id: &SubscriptionId,
+    change: &Configure,
+) -> Result<subscription::Model> {
+    let not_found = || Error::not_found("subscription not found");
+    let backend = txn.get_database_backend();
+    let current = lock_for_update(subscription::Entity::find_by_id(id.as_str()), backend)
+        .one(txn)
+        .await?
+        .and_then(|m| owned(principal, m))
+        .ok_or_else(not_found)?;
+    if u64::try_from(current.revision).ok() != Some(change.expected_revision) {
+        return Err(Error::state_conflict(format!(
+            "expected_revision: the subscription is at revision {}, not {}",
+            current.revision, change.expected_revision
+        )));
+    }
+    let t = now();
+    let after = current.revision + 1;
+    // Only these columns: the scanner owns cursor_sequence and pending_count.
+    subscription::Entity::update_many()
+        .col_expr(subscription::Column::Enabled, Expr::value(change.enabled))
+        .col_expr(subscription::Column::Revision, Expr::value(after))
+        .col_expr(subscription::Column::UpdatedAt, Expr::value(t.micros()))
+        .filter(subscription::Column::Id.eq(id.as_str()))
+        .exec(txn)
+        .await?;
+    audit::record(
+        txn,
+        &AuditActor {
+            namespace_id: principal.namespace_id.clone(),
+            credential_id: principal.credential_id.clone(),
+        },
+        AuditEntry {
+            action: if change.enabled {
+                "subscription.resume"
+            } else {
+                "subscription.pause"
+            },
+            target_id: id.as_str(),
+            reason: Some(&change.reason),
+            before_revision: Some(current.revision),
+            after_revision: Some(after),
+            at: t,
+        },
+    )
+    .await?;
+    subscription::Entity::find_by_id(id.as_str())
+        .one(txn)
+        .await?
+        .ok_or_else(|| Error::internal("a configured subscription vanished"))
 }

@@ -551,3 +551,10 @@ impl WsClient {
         }
     }
 }
+
+/// The committed OpenAPI document (`docs/openapi.json`).
+pub fn openapi() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("docs/openapi.json"))
+        .expect("docs/openapi.json is JSON")
+}

@@ -1,0 +1,780 @@
+//! Rules common to every request (http-api.md §1): auth, permissions,
+//! scope and ownership, the envelope, limits, order of checks, strict JSON,
+//! uint64 strings, query parameters, unknown routes and wrong methods.
+
+use orbit_events::{domain::CredentialId, store::tenancy};
+use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
+use serde_json::{Value, json};
+
+use crate::{helpers::*, http_support::*};
+
+fn create_body(cred: &Cred, name: &str) -> Value {
+    json!({ "name": name, "queue_id": cred.queue_id })
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+// --- Auth -----------------------------------------------------------------
+
+#[actix_web::test]
+async fn a_missing_malformed_unknown_or_revoked_token_gets_401_with_www_authenticate() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let path = format!("/v1/subscriptions?queue_id={}", cred.queue_id);
+    let unknown = bearer("oe_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    let basic = format!("Basic {}", cred.token);
+    let cases: Vec<Vec<(&str, &str)>> = vec![
+        vec![],
+        vec![("Authorization", "Bearer")],
+        vec![("Authorization", "Bearer ")],
+        vec![("Authorization", &basic)],
+        vec![("Authorization", &unknown)],
+    ];
+    for headers in cases {
+        let res = raw(&app, "GET", &path, &headers, None).await;
+        res.assert_error(401, "UNAUTHENTICATED");
+        assert_eq!(res.headers["www-authenticate"], "Bearer");
+        assert_conforms("GET", "/v1/subscriptions", &res);
+    }
+    tenancy::revoke_credential(&app.db, &CredentialId::parse(&cred.credential_id).unwrap())
+        .await
+        .unwrap();
+    let res = app.get(&path, &cred.token).await;
+    res.assert_error(401, "UNAUTHENTICATED");
+    assert_eq!(res.headers["www-authenticate"], "Bearer");
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_token_is_never_accepted_in_the_url() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let id = sub["id"].as_str().unwrap();
+    let path = format!(
+        "/v1/subscriptions?queue_id={}&access_token={}",
+        cred.queue_id, cred.token
+    );
+    let res = raw(&app, "GET", &path, &[], None).await;
+    res.assert_error(400, "INVALID_ARGUMENT");
+    assert!(
+        !res.body.to_string().contains(&cred.token),
+        "the token is echoed"
+    );
+    let path = format!("/v1/subscriptions/{id}?token={}", cred.token);
+    let res = raw(&app, "GET", &path, &[], None).await;
+    res.assert_error(400, "INVALID_ARGUMENT");
+    assert!(
+        !res.body.to_string().contains(&cred.token),
+        "the token is echoed"
+    );
+}
+
+// --- Permissions ------------------------------------------------------------
+
+#[actix_web::test]
+async fn each_endpoint_requires_its_permission_and_answers_403_permission_denied() {
+    let app = spawn_app().await;
+    let owner = app.bootstrap().await;
+    let sub = app.subscribe(&owner, json!({})).await;
+    let id = sub["id"].as_str().unwrap();
+    // Same namespace and queue: only the permissions differ.
+    let publisher = sibling(&app, &owner, "app", false, true).await;
+    let reader = sibling(&app, &owner, "app", true, false).await;
+    let d = "0123456789abcdef0123456789abcdef";
+    let q = &owner.queue_id;
+    for (method, template, path) in [
+        (
+            "GET",
+            "/v1/subscriptions",
+            format!("/v1/subscriptions?queue_id={q}"),
+        ),
+        (
+            "GET",
+            "/v1/subscriptions/{id}",
+            format!("/v1/subscriptions/{id}"),
+        ),
+        (
+            "GET",
+            "/v1/subscriptions/{id}/deliveries",
+            format!("/v1/subscriptions/{id}/deliveries"),
+        ),
+        (
+            "GET",
+            "/v1/subscriptions/{id}/deliveries/{delivery_id}",
+            format!("/v1/subscriptions/{id}/deliveries/{d}"),
+        ),
+    ] {
+        let res = app.get(&path, &publisher.token).await;
+        res.assert_error(403, "PERMISSION_DENIED");
+        assert_conforms(method, template, &res);
+    }
+    let configure = json!({ "expected_revision": "1", "enabled": false, "reason": "r" });
+    let retry = json!({ "expected_revision": "1", "reason": "r", "additional_attempts": 1 });
+    for (template, path, body) in [
+        (
+            "/v1/subscriptions",
+            "/v1/subscriptions".to_owned(),
+            create_body(&owner, "x"),
+        ),
+        (
+            "/v1/subscriptions/{id}:configure",
+            format!("/v1/subscriptions/{id}:configure"),
+            configure,
+        ),
+        (
+            "/v1/subscriptions/{id}/deliveries/{delivery_id}:retry",
+            format!("/v1/subscriptions/{id}/deliveries/{d}:retry"),
+            retry,
+        ),
+    ] {
+        let res = app.post(&path, &publisher.token, "k-403", &body).await;
+        res.assert_error(403, "PERMISSION_DENIED");
+        assert_conforms("POST", template, &res);
+    }
+    // events:* does not include results:publish.
+    let res = app
+        .post(
+            &format!("/v1/queues/{q}/results"),
+            &reader.token,
+            "k-403",
+            &json!({ "results": [result(q, "task.succeeded")] }),
+        )
+        .await;
+    res.assert_error(403, "PERMISSION_DENIED");
+    assert_conforms("POST", "/v1/queues/{queue_id}/results", &res);
+    app.assert_invariants().await;
+}
+
+// --- Scope and ownership -------------------------------------------------------
+
+#[actix_web::test]
+async fn another_credential_of_the_same_namespace_gets_404_on_get_configure_deliveries_and_retry() {
+    let app = spawn_app().await;
+    let owner = app.bootstrap().await;
+    let (sub_id, delivery, _ws) = {
+        let fast = &app;
+        // An EXPIRED delivery is not needed here; a PENDING one is enough.
+        let sub = fast
+            .subscribe(&owner, json!({ "from_sequence": "0" }))
+            .await;
+        let sub_id = sub["id"].as_str().unwrap().to_owned();
+        fast.publish(&owner, vec![result(&owner.queue_id, "task.failed")])
+            .await;
+        let ws = fast.bind(&owner.token, &sub_id, 1).await;
+        let list_path = format!("/v1/subscriptions/{sub_id}/deliveries");
+        let delivery = eventually("a delivery row", || async {
+            let res = fast.get(&list_path, &owner.token).await;
+            res.data()["items"].get(0).cloned()
+        })
+        .await;
+        (sub_id, delivery, ws)
+    };
+    let d = delivery["id"].as_str().unwrap();
+    let other = sibling(&app, &owner, "other-app", true, true).await;
+    assert_eq!(other.namespace_id, owner.namespace_id);
+    assert_eq!(other.queue_id, owner.queue_id);
+
+    let before = fingerprint(&app).await;
+    let res = app
+        .get(&format!("/v1/subscriptions/{sub_id}"), &other.token)
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    assert_conforms("GET", "/v1/subscriptions/{id}", &res);
+    let res = app
+        .get(
+            &format!("/v1/subscriptions/{sub_id}/deliveries"),
+            &other.token,
+        )
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    let res = app
+        .get(
+            &format!("/v1/subscriptions/{sub_id}/deliveries/{d}"),
+            &other.token,
+        )
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    let res = app
+        .post(
+            &format!("/v1/subscriptions/{sub_id}:configure"),
+            &other.token,
+            "k1",
+            &json!({ "expected_revision": "1", "enabled": false, "reason": "not mine" }),
+        )
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    assert_conforms("POST", "/v1/subscriptions/{id}:configure", &res);
+    let res = app
+        .post(
+            &format!("/v1/subscriptions/{sub_id}/deliveries/{d}:retry"),
+            &other.token,
+            "k2",
+            &json!({ "expected_revision": "1", "reason": "not mine", "additional_attempts": 1 }),
+        )
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    // The list shows none of the owner's subscriptions.
+    let res = app
+        .get(
+            &format!("/v1/subscriptions?queue_id={}", owner.queue_id),
+            &other.token,
+        )
+        .await;
+    assert_eq!(res.status, 200);
+    assert_eq!(res.data()["items"], json!([]));
+    assert_eq!(
+        fingerprint(&app).await,
+        before,
+        "a 404 changed the database"
+    );
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_queue_outside_the_credentials_scope_gets_404_on_create_list_and_publish() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let foreign = app.bootstrap_with("other-ns", "app", "q", true, true).await;
+    let q = &foreign.queue_id;
+    let res = app
+        .post(
+            "/v1/subscriptions",
+            &cred.token,
+            "k",
+            &create_body(&foreign, "s"),
+        )
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    assert_conforms("POST", "/v1/subscriptions", &res);
+    let res = app
+        .get(&format!("/v1/subscriptions?queue_id={q}"), &cred.token)
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    assert_conforms("GET", "/v1/subscriptions", &res);
+    let res = app
+        .post(
+            &format!("/v1/queues/{q}/results"),
+            &cred.token,
+            "k",
+            &json!({ "results": [result(q, "task.succeeded")] }),
+        )
+        .await;
+    res.assert_error(404, "NOT_FOUND");
+    assert_conforms("POST", "/v1/queues/{queue_id}/results", &res);
+    app.assert_invariants().await;
+}
+
+// --- Envelope -----------------------------------------------------------------
+
+#[actix_web::test]
+async fn every_response_is_an_envelope_with_x_request_id_cache_control_and_content_type() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let res = app
+        .post(
+            "/v1/subscriptions",
+            &cred.token,
+            "k",
+            &create_body(&cred, "env"),
+        )
+        .await;
+    assert_eq!(res.status, 201);
+    assert_conforms("POST", "/v1/subscriptions", &res);
+    let request_id = res.body["request_id"].as_str().unwrap();
+    assert!(orbit_events::domain::is_id(request_id));
+    for (method, path) in [
+        ("GET", "/no/such/route"),
+        ("DELETE", "/v1/subscriptions"),
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+    ] {
+        let res = raw(&app, method, path, &[], None).await;
+        let id = res.body["request_id"].as_str().unwrap();
+        assert!(orbit_events::domain::is_id(id), "{method} {path}");
+        assert_eq!(res.headers["x-request-id"], id, "{method} {path}");
+        assert_eq!(res.headers["cache-control"], "no-store", "{method} {path}");
+        assert_eq!(
+            res.headers["content-type"], "application/json",
+            "{method} {path}"
+        );
+        assert!(
+            res.body.get("data").is_some() != res.body.get("error").is_some(),
+            "{method} {path}: exactly one of data and error"
+        );
+    }
+    assert_conforms(
+        "GET",
+        "/healthz",
+        &raw(&app, "GET", "/healthz", &[], None).await,
+    );
+    assert_conforms(
+        "GET",
+        "/readyz",
+        &raw(&app, "GET", "/readyz", &[], None).await,
+    );
+}
+
+// --- Limits -------------------------------------------------------------------
+
+#[actix_web::test]
+async fn a_body_of_512_kib_is_read_and_one_byte_more_gets_413_invalid_argument() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let text = create_body(&cred, "big").to_string();
+    // Whitespace is insignificant: pad the document to exactly the limit.
+    let at_limit = format!("{text}{}", " ".repeat(524_288 - text.len()));
+    assert_eq!(at_limit.len(), 524_288);
+    let res = post_text(&app, "/v1/subscriptions", &cred.token, "big", &at_limit).await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    let over = format!("{at_limit} ");
+    let res = post_text(&app, "/v1/subscriptions", &cred.token, "big2", &over).await;
+    res.assert_error(413, "INVALID_ARGUMENT");
+    assert_conforms("POST", "/v1/subscriptions", &res);
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_body_needs_content_type_application_json_and_parameters_are_allowed() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let auth = bearer(&cred.token);
+    let body = create_body(&cred, "ct").to_string().into_bytes();
+    for content_type in [
+        None,
+        Some("text/plain"),
+        Some("application/jsonx"),
+        Some(""),
+    ] {
+        let mut headers = vec![("Authorization", auth.as_str()), ("Idempotency-Key", "ct")];
+        if let Some(ct) = content_type {
+            headers.push(("Content-Type", ct));
+        }
+        let res = raw(
+            &app,
+            "POST",
+            "/v1/subscriptions",
+            &headers,
+            Some(body.clone()),
+        )
+        .await;
+        res.assert_error(400, "INVALID_ARGUMENT");
+        assert!(
+            res.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Content-Type"),
+            "{:#}",
+            res.body
+        );
+    }
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Idempotency-Key", "ct"),
+        ("Content-Type", "application/json; charset=utf-8"),
+    ];
+    let res = raw(&app, "POST", "/v1/subscriptions", &headers, Some(body)).await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+}
+
+#[actix_web::test]
+async fn a_request_past_its_deadline_gets_503_unavailable_and_is_rolled_back() {
+    let app = spawn_app_with(|s| s.timing.http_request_timeout_ms = 300).await;
+    let cred = app.bootstrap().await;
+    // Hold the write lock from outside the node so its write transaction
+    // cannot start (SQLite: a second connection's BEGIN IMMEDIATE;
+    // PostgreSQL: a lock on the idempotency table).
+    let url = app.settings.database.url.clone();
+    let blocker = sea_orm::Database::connect(&url).await.unwrap();
+    let backend = blocker.get_database_backend();
+    let txn = blocker.begin().await.unwrap();
+    let lock = match backend {
+        sea_orm::DbBackend::Sqlite => "DELETE FROM idempotency_records WHERE 1 = 0",
+        _ => "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
+    };
+    txn.execute_raw(Statement::from_string(backend, lock.to_owned()))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let res = app
+        .post(
+            "/v1/subscriptions",
+            &cred.token,
+            "slow",
+            &create_body(&cred, "slow"),
+        )
+        .await;
+    res.assert_error(503, "UNAVAILABLE");
+    assert_conforms("POST", "/v1/subscriptions", &res);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    txn.rollback().await.unwrap();
+    blocker.close().await.unwrap();
+    // Nothing of the abandoned request was committed: the same key applies
+    // afresh (201, not a 200 replay) once writes go through again.
+    let res = eventually("a write to go through after the deadline", || async {
+        let res = app
+            .post(
+                "/v1/subscriptions",
+                &cred.token,
+                "slow",
+                &create_body(&cred, "slow"),
+            )
+            .await;
+        (res.status != 503).then_some(res)
+    })
+    .await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    assert_eq!(res.data()["deduplicated"], false);
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM subscriptions").await, 1);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM idempotency_records").await,
+        1
+    );
+    app.assert_invariants().await;
+}
+
+// --- Order of checks ----------------------------------------------------------------
+
+#[actix_web::test]
+async fn checks_run_in_order_route_method_query_auth_permission_body_ownership_state() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let id = sub["id"].as_str().unwrap();
+    let reader = sibling(&app, &cred, "app", false, true).await;
+    let other = sibling(&app, &cred, "app2", true, true).await;
+    // Unknown route and wrong method come before auth.
+    raw(&app, "GET", "/v1/nothing", &[], None)
+        .await
+        .assert_error(404, "NOT_FOUND");
+    let res = raw(&app, "PUT", &format!("/v1/subscriptions/{id}"), &[], None).await;
+    res.assert_error(405, "INVALID_ARGUMENT");
+    assert_eq!(res.headers["allow"], "GET");
+    // Query-string rules before auth.
+    raw(
+        &app,
+        "GET",
+        &format!("/v1/subscriptions/{id}?x=1"),
+        &[],
+        None,
+    )
+    .await
+    .assert_error(400, "INVALID_ARGUMENT");
+    raw(&app, "GET", "/v1/subscriptions?queue_id=nope", &[], None)
+        .await
+        .assert_error(400, "INVALID_ARGUMENT");
+    // Auth before permission.
+    let configure = format!("/v1/subscriptions/{id}:configure");
+    let bad_body = "{\"enabled\": 1}";
+    post_text(&app, &configure, "oe_nope", "k", bad_body)
+        .await
+        .assert_error(401, "UNAUTHENTICATED");
+    // Permission before the body.
+    post_text(&app, &configure, &reader.token, "k", bad_body)
+        .await
+        .assert_error(403, "PERMISSION_DENIED");
+    // The body before ownership.
+    post_text(&app, &configure, &other.token, "k", bad_body)
+        .await
+        .assert_error(400, "INVALID_ARGUMENT");
+    // Ownership before state: a stale revision on a foreign subscription is 404.
+    let stale = json!({ "expected_revision": "9", "enabled": false, "reason": "r" });
+    app.post(&configure, &other.token, "k", &stale)
+        .await
+        .assert_error(404, "NOT_FOUND");
+    app.post(&configure, &cred.token, "k", &stale)
+        .await
+        .assert_error(409, "STATE_CONFLICT");
+    app.assert_invariants().await;
+}
+
+// --- Strict JSON -------------------------------------------------------------------
+
+async fn assert_rejected(app: &TestApp, path: &str, cred: &Cred, body: &str, field: &str) {
+    let res = post_text(app, path, &cred.token, "strict", body).await;
+    res.assert_error(400, "INVALID_ARGUMENT");
+    let message = res.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(field),
+        "the message {message:?} does not name {field:?} (body {body})"
+    );
+}
+
+#[actix_web::test]
+async fn unknown_fields_case_variants_duplicates_trailing_data_wrong_types_and_null_are_400_naming_the_field()
+ {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let q = &cred.queue_id;
+    let subs = "/v1/subscriptions";
+    for (body, field) in [
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","colour":"red"}}"#),
+            "colour",
+        ),
+        (format!(r#"{{"Name":"a","queue_id":"{q}"}}"#), "Name"),
+        (
+            format!(r#"{{"name":"a","NAME":"b","queue_id":"{q}"}}"#),
+            "NAME",
+        ),
+        (
+            format!(r#"{{"name":"a","name":"b","queue_id":"{q}"}}"#),
+            "name",
+        ),
+        (
+            format!(r#"{{"name":"a","n\u0061me":"b","queue_id":"{q}"}}"#),
+            "name",
+        ),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}"}} {{}}"#),
+            "trailing",
+        ),
+        (format!(r#"{{"name":"a","queue_id":"{q}"}}x"#), "JSON"),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","from_sequence":7}}"#),
+            "from_sequence",
+        ),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","max_pending":"100"}}"#),
+            "max_pending",
+        ),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","max_pending":1.5}}"#),
+            "max_pending",
+        ),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","max_attempts":-1}}"#),
+            "max_attempts",
+        ),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","types":null}}"#),
+            "types",
+        ),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","max_pending":null}}"#),
+            "max_pending",
+        ),
+        (format!(r#"{{"name":null,"queue_id":"{q}"}}"#), "name"),
+        (
+            format!(r#"{{"name":"a","queue_id":"{q}","types":"task.failed"}}"#),
+            "types",
+        ),
+        (
+            format!(r#"["a","{q}",null,null,null,null]"#),
+            "a JSON object",
+        ),
+        ("".to_owned(), "JSON"),
+    ] {
+        assert_rejected(&app, subs, &cred, &body, field).await;
+    }
+    // Duplicates at depth, also hidden by an escape, in an ingest body.
+    let mut r = result(q, "task.succeeded");
+    r["details"] = json!({ "capacity": 1 });
+    let text = json!({ "results": [r] }).to_string();
+    let nested = text.replacen(r#""capacity":1"#, r#""capacity":1,"capacity":2"#, 1);
+    assert_rejected(
+        &app,
+        &format!("/v1/queues/{q}/results"),
+        &cred,
+        &nested,
+        "capacity",
+    )
+    .await;
+    let escaped = text.replacen(r#""capacity":1"#, r#""capacity":1,"capac\u0069ty":2"#, 1);
+    assert_rejected(
+        &app,
+        &format!("/v1/queues/{q}/results"),
+        &cred,
+        &escaped,
+        "capacity",
+    )
+    .await;
+    let in_snapshot = text.replacen(
+        r#""effect_uncertain":false"#,
+        r#""effect_uncertain":false,"effect_uncertain":true"#,
+        1,
+    );
+    assert_rejected(
+        &app,
+        &format!("/v1/queues/{q}/results"),
+        &cred,
+        &in_snapshot,
+        "effect_uncertain",
+    )
+    .await;
+    // from_sequence may be null (= start at the head).
+    let res = post_text(
+        &app,
+        subs,
+        &cred.token,
+        "null-ok",
+        &format!(r#"{{"name":"a","queue_id":"{q}","from_sequence":null}}"#),
+    )
+    .await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM subscriptions").await, 1);
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn uint64_strings_are_canonical_decimal_up_to_18446744073709551615() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let q = &cred.queue_id;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let configure = format!(
+        "/v1/subscriptions/{}:configure",
+        sub["id"].as_str().unwrap()
+    );
+    for bad in [
+        "007",
+        "+7",
+        "-7",
+        "7e0",
+        "7.0",
+        " 7",
+        "",
+        "0x7",
+        "18446744073709551616",
+    ] {
+        let body = json!({ "expected_revision": bad, "enabled": true, "reason": "r" });
+        let res = app.post(&configure, &cred.token, "u64", &body).await;
+        res.assert_error(400, "INVALID_ARGUMENT");
+        assert!(
+            res.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("expected_revision"),
+            "{bad}: {:#}",
+            res.body
+        );
+        let body = json!({ "name": "a", "queue_id": q, "from_sequence": bad });
+        app.post("/v1/subscriptions", &cred.token, "u64", &body)
+            .await
+            .assert_error(400, "INVALID_ARGUMENT");
+    }
+    // The largest value parses: here it is a well-formed but stale revision.
+    let body =
+        json!({ "expected_revision": "18446744073709551615", "enabled": true, "reason": "r" });
+    app.post(&configure, &cred.token, "u64-max", &body)
+        .await
+        .assert_error(409, "STATE_CONFLICT");
+    // ... and a producer's revision is carried as given.
+    let mut r = result(q, "task.succeeded");
+    r["aggregate_revision"] = json!("18446744073709551615");
+    r["snapshot"]["revision"] = json!("18446744073709551615");
+    let res = app
+        .post(
+            &format!("/v1/queues/{q}/results"),
+            &cred.token,
+            "u64-max",
+            &json!({ "results": [r] }),
+        )
+        .await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    assert_conforms("POST", "/v1/queues/{queue_id}/results", &res);
+    app.assert_invariants().await;
+}
+
+// --- Query parameters -------------------------------------------------------------------
+
+#[actix_web::test]
+async fn unknown_and_repeated_query_parameters_are_400_and_only_the_two_lists_take_any() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let id = sub["id"].as_str().unwrap();
+    let q = &cred.queue_id;
+    let list = format!("/v1/subscriptions?queue_id={q}");
+    for (path, template) in [
+        (format!("{list}&colour=red"), "/v1/subscriptions"),
+        (format!("{list}&queue_id={q}"), "/v1/subscriptions"),
+        (format!("{list}&limit=5&limit=5"), "/v1/subscriptions"),
+        (format!("{list}&Limit=5"), "/v1/subscriptions"),
+        ("/v1/subscriptions".to_owned(), "/v1/subscriptions"),
+        (format!("{list}&limit=0"), "/v1/subscriptions"),
+        (format!("{list}&limit=101"), "/v1/subscriptions"),
+        (format!("{list}&limit=007"), "/v1/subscriptions"),
+        (format!("{list}&limit="), "/v1/subscriptions"),
+        (format!("{list}&cursor="), "/v1/subscriptions"),
+        (format!("{list}&cursor=%00"), "/v1/subscriptions"),
+        (
+            format!("/v1/subscriptions/{id}/deliveries?state=DONE"),
+            "/v1/subscriptions/{id}/deliveries",
+        ),
+        (
+            format!("/v1/subscriptions/{id}/deliveries?state=ACKED&state=ACKED"),
+            "/v1/subscriptions/{id}/deliveries",
+        ),
+        (
+            format!("/v1/subscriptions/{id}/deliveries?queue_id={q}"),
+            "/v1/subscriptions/{id}/deliveries",
+        ),
+        (
+            format!("/v1/subscriptions/{id}?limit=1"),
+            "/v1/subscriptions/{id}",
+        ),
+        ("/healthz?verbose=1".to_owned(), "/healthz"),
+    ] {
+        let res = app.get(&path, &cred.token).await;
+        res.assert_error(400, "INVALID_ARGUMENT");
+        assert_conforms("GET", template, &res);
+    }
+    // A query string on a POST.
+    let res = app
+        .post(
+            "/v1/subscriptions?dry_run=1",
+            &cred.token,
+            "k",
+            &create_body(&cred, "q"),
+        )
+        .await;
+    res.assert_error(400, "INVALID_ARGUMENT");
+    for limit in ["1", "100"] {
+        let res = app.get(&format!("{list}&limit={limit}"), &cred.token).await;
+        assert_eq!(res.status, 200, "limit={limit}: {:#}", res.body);
+        assert_conforms("GET", "/v1/subscriptions", &res);
+    }
+    app.assert_invariants().await;
+}
+
+// --- Unknown route, wrong method -------------------------------------------------------
+
+#[actix_web::test]
+async fn an_unknown_route_is_404_and_a_wrong_method_is_405_with_allow() {
+    let app = spawn_app().await;
+    let id = "0123456789abcdef0123456789abcdef";
+    for path in [
+        "/v1".to_owned(),
+        "/v1/subscriptions/".to_owned(),
+        format!("/v1/subscriptions/{id}:delete"),
+        format!("/v1/subscriptions/{id}/deliveries/{id}/event"),
+        "/v2/subscriptions".to_owned(),
+    ] {
+        let res = raw(&app, "GET", &path, &[], None).await;
+        res.assert_error(404, "NOT_FOUND");
+    }
+    for (method, path, allow) in [
+        ("DELETE", "/v1/subscriptions".to_owned(), "GET, POST"),
+        ("POST", format!("/v1/subscriptions/{id}"), "GET"),
+        ("GET", format!("/v1/subscriptions/{id}:configure"), "POST"),
+        ("PUT", format!("/v1/subscriptions/{id}/deliveries"), "GET"),
+        (
+            "POST",
+            format!("/v1/subscriptions/{id}/deliveries/{id}"),
+            "GET",
+        ),
+        (
+            "GET",
+            format!("/v1/subscriptions/{id}/deliveries/{id}:retry"),
+            "POST",
+        ),
+        ("GET", format!("/v1/queues/{id}/results"), "POST"),
+    ] {
+        let res = raw(&app, method, &path, &[], None).await;
+        res.assert_error(405, "INVALID_ARGUMENT");
+        assert_eq!(res.headers["allow"], allow, "{method} {path}");
+    }
+}

@@ -1,0 +1,105 @@
+//! The committed OpenAPI document is the one the code generates, and what
+//! it says matches what the server does (http-api.md §4, last paragraph).
+
+use std::path::PathBuf;
+
+use crate::helpers::*;
+
+fn committed_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json")
+}
+
+#[test]
+fn docs_openapi_json_is_the_document_the_code_generates() {
+    let generated = orbit_events::http::openapi::document();
+    let path = committed_path();
+    if std::env::var_os("ORBIT_UPDATE_OPENAPI").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/openapi.json differs from the generated document; regenerate it with \
+         ORBIT_UPDATE_OPENAPI=1 cargo test --test api openapi"
+    );
+}
+
+#[test]
+fn the_document_is_openapi_3_1_and_lists_every_management_route() {
+    let doc = openapi();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut routes: Vec<String> = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            routes.push(format!("{} {path}", method.to_uppercase()));
+        }
+    }
+    routes.sort();
+    assert_eq!(
+        routes,
+        [
+            "GET /healthz",
+            "GET /readyz",
+            "GET /v1/subscriptions",
+            "GET /v1/subscriptions/{id}",
+            "GET /v1/subscriptions/{id}/deliveries",
+            "GET /v1/subscriptions/{id}/deliveries/{delivery_id}",
+            "POST /v1/queues/{queue_id}/results",
+            "POST /v1/subscriptions",
+            "POST /v1/subscriptions/{id}/deliveries/{delivery_id}:retry",
+            "POST /v1/subscriptions/{id}:configure",
+        ]
+    );
+}
+
+#[test]
+fn the_uint64_pattern_accepts_exactly_the_canonical_strings_up_to_the_maximum() {
+    let pattern = orbit_events::http::openapi::uint64_pattern();
+    let schema = serde_json::json!({ "type": "string", "pattern": pattern });
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let accepts = |s: &str| validator.is_valid(&serde_json::json!(s));
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut samples = vec![
+        0,
+        1,
+        9,
+        10,
+        u64::MAX,
+        u64::MAX - 1,
+        10_000_000_000_000_000_000,
+    ];
+    for _ in 0..3000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        samples.extend([x, x >> 11, x >> 37, x >> 59]);
+    }
+    for v in samples {
+        let text = v.to_string();
+        assert!(accepts(&text), "{text}");
+        assert_eq!(orbit_events::domain::parse_canonical_u64(&text), Some(v));
+        assert!(!accepts(&format!("0{text}")), "0{text}");
+        assert!(!accepts(&format!("+{text}")), "+{text}");
+        assert!(
+            !accepts(&format!("{text}0")) || (v <= u64::MAX / 10 && v != 0),
+            "{text}0"
+        );
+    }
+    for bad in [
+        "",
+        "007",
+        "+7",
+        "7e0",
+        "7.0",
+        " 7",
+        "18446744073709551616",
+        "18446744073709551620",
+        "18446744073709552000",
+        "19000000000000000000",
+        "20000000000000000000",
+        "99999999999999999999",
+        "100000000000000000000",
+    ] {
+        assert!(!accepts(bad), "{bad}");
+    }
+}
