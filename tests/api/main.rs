@@ -3,4 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod helpers;
+mod protocol_envelope;
+mod protocol_support;
+mod protocol_upgrade;
 mod skeleton;
