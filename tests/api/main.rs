@@ -4,6 +4,8 @@
 
 mod helpers;
 mod protocol_envelope;
+mod protocol_schema;
+mod protocol_session;
 mod protocol_support;
 mod protocol_upgrade;
 mod skeleton;

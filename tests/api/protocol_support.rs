@@ -120,3 +120,114 @@ pub async fn publish_one(app: &TestApp, cred: &Cred, result_type: &str) -> Strin
         .remove(0)
         .0
 }
+
+/// Holds the node's write path so that ACK transactions wait: on SQLite
+/// another connection's `BEGIN IMMEDIATE` (writers wait up to the node's
+/// 5 s busy timeout, so release well before that); on PostgreSQL row locks
+/// on the subscription's deliveries. Reads are not blocked on either.
+pub struct WriteBlock {
+    _conn: sea_orm::DatabaseConnection,
+    txn: sea_orm::DatabaseTransaction,
+}
+
+pub async fn block_writes(app: &TestApp, subscription_id: &str) -> WriteBlock {
+    use sea_orm::{ConnectionTrait, SqliteTransactionMode, TransactionOptions, TransactionTrait};
+    let conn = sea_orm::Database::connect(app.settings.database.url.as_str())
+        .await
+        .unwrap();
+    let txn = conn
+        .begin_with_options(TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    if backend_name() == "postgres" {
+        txn.execute_unprepared(&format!(
+            "SELECT id FROM deliveries WHERE subscription_id = '{subscription_id}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    }
+    WriteBlock { _conn: conn, txn }
+}
+
+impl WriteBlock {
+    pub async fn release(self) {
+        self.txn.rollback().await.unwrap();
+    }
+}
+
+/// A real database failure for the node under test. SQLite: another
+/// connection holds the write lock, so every write fails once the node's
+/// busy timeout (5 s) runs out ("database is locked"). PostgreSQL: the
+/// node's database refuses new connections and its sessions are
+/// terminated, so every query fails at once.
+pub enum Outage {
+    Sqlite(WriteBlock),
+    Postgres {
+        admin: sea_orm::DatabaseConnection,
+        database: String,
+    },
+}
+
+pub async fn database_outage(app: &TestApp) -> Outage {
+    use sea_orm::ConnectionTrait;
+    if backend_name() != "postgres" {
+        return Outage::Sqlite(block_writes(app, "").await);
+    }
+    let server = std::env::var("ORBIT_TEST_DATABASE_URL").unwrap();
+    let admin = sea_orm::Database::connect(server.as_str()).await.unwrap();
+    let database = app
+        .settings
+        .database
+        .url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    admin
+        .execute_unprepared(&format!(
+            "ALTER DATABASE {database} WITH ALLOW_CONNECTIONS false"
+        ))
+        .await
+        .unwrap();
+    admin
+        .execute_unprepared(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+        ))
+        .await
+        .unwrap();
+    Outage::Postgres { admin, database }
+}
+
+impl Outage {
+    /// The database recovers.
+    pub async fn end(self) {
+        use sea_orm::ConnectionTrait;
+        match self {
+            Outage::Sqlite(block) => block.release().await,
+            Outage::Postgres { admin, database } => {
+                admin
+                    .execute_unprepared(&format!(
+                        "ALTER DATABASE {database} WITH ALLOW_CONNECTIONS true"
+                    ))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// Waits until the lease pool has completed `n` claims and none is waiting
+/// or running (e.g. the first claim of a freshly bound session).
+pub async fn claims_settled(app: &TestApp, n: u64) {
+    use orbit_events::delivery::pool::GetPoolStats;
+    let pool = &app.state.pool;
+    wait_until("the claims settled", || async move {
+        let stats = pool.send(GetPoolStats).await.unwrap();
+        stats.claims_completed >= n && stats.claims_in_flight == 0 && stats.claims_waiting == 0
+    })
+    .await;
+}
