@@ -7,6 +7,7 @@ mod protocol_envelope;
 mod protocol_leases;
 mod protocol_schema;
 mod protocol_session;
+mod protocol_shutdown;
 mod protocol_support;
 mod protocol_upgrade;
 mod skeleton;

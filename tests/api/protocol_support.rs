@@ -231,3 +231,97 @@ pub async fn claims_settled(app: &TestApp, n: u64) {
     })
     .await;
 }
+
+/// The real `orbit-events serve` binary as a separate process on the test
+/// node's database (so `TestApp`'s HTTP and WebSocket helpers can be pointed
+/// at it with [`NodeProcess::serve_for`]), configured with
+/// `ORBIT_EVENTS__*` environment variables. Killed when dropped.
+pub struct NodeProcess {
+    pub child: std::process::Child,
+    pub port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl NodeProcess {
+    /// Starts a node on `app`'s database and a free port, waits until it
+    /// answers `/healthz`, and points `app`'s helpers at it.
+    pub async fn serve_for(app: &mut TestApp, env: &[(&str, &str)]) -> NodeProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_orbit-events"))
+            .arg("serve")
+            .env("ORBIT_EVENTS__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .env("ORBIT_EVENTS__DATABASE__URL", &app.settings.database.url)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        let mut node = NodeProcess { child, port, log };
+        app.port = port;
+        app.address = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Ok(res) = app.http.get(format!("{}/healthz", app.address)).send().await
+                && res.status() == 200
+            {
+                break;
+            }
+            if let Ok(Some(status)) = node.child.try_wait() {
+                panic!("the node exited with {status}: {}", node.log());
+            }
+            assert!(Instant::now() < deadline, "the node did not start: {}", node.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        node
+    }
+
+    /// What the node wrote to stderr.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    /// Sends a signal (`TERM`, `INT`) to the node.
+    pub fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the node to exit; returns its exit status.
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the node did not exit: {}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The node's resident set size in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
