@@ -4,6 +4,7 @@
 
 mod helpers;
 mod protocol_envelope;
+mod protocol_failure;
 mod protocol_leases;
 mod protocol_schema;
 mod protocol_session;

@@ -81,7 +81,7 @@ async fn hello_records_the_session_with_its_capacity_and_every_connection_gets_a
     for (session, capacity) in [(&sa, 3), (&sb, 32)] {
         let row = app
             .scalar(&format!(
-                "SELECT capacity FROM event_sessions WHERE id = '{session}' \
+                "SELECT CAST(capacity AS BIGINT) FROM event_sessions WHERE id = '{session}' \
                  AND subscription_id = '{sub}' AND credential_id = '{}' AND closed_at IS NULL",
                 cred.credential_id
             ))
