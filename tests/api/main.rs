@@ -9,6 +9,7 @@ mod protocol_leases;
 mod protocol_schema;
 mod protocol_session;
 mod protocol_shutdown;
+mod protocol_stall;
 mod protocol_support;
 mod protocol_upgrade;
 mod skeleton;

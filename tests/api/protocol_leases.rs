@@ -76,7 +76,8 @@ async fn an_ack_from_a_new_connection_with_the_proof_of_a_closed_one_is_accepted
 }
 
 #[actix_web::test]
-async fn a_wrong_secret_or_a_never_leased_epoch_gets_delivery_lease_lost_and_the_connection_stays() {
+async fn a_wrong_secret_or_a_never_leased_epoch_gets_delivery_lease_lost_and_the_connection_stays()
+{
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
@@ -157,10 +158,16 @@ async fn a_delivery_that_used_its_attempt_budget_becomes_expired_and_a_late_ack_
         state_of(app_ref, id_ref, "EXPIRED").await
     })
     .await;
-    assert!(ws.delivery_within(Duration::from_millis(500)).await.is_none());
+    assert!(
+        ws.delivery_within(Duration::from_millis(500))
+            .await
+            .is_none()
+    );
     assert_eq!(
-        app.scalar(&format!("SELECT revision FROM deliveries WHERE id = '{id}'"))
-            .await,
+        app.scalar(&format!(
+            "SELECT revision FROM deliveries WHERE id = '{id}'"
+        ))
+        .await,
         3
     );
 
@@ -187,7 +194,10 @@ async fn a_hello_behind_the_retention_floor_gets_event_history_expired_naming_th
     purge_through(&app, &cred, 2).await;
 
     let mut ws = app.connect(&cred.token).await;
-    let hello = ws.envelope("events.hello", json!({"subscription_id": sub, "capacity": 1}));
+    let hello = ws.envelope(
+        "events.hello",
+        json!({"subscription_id": sub, "capacity": 1}),
+    );
     let id = hello["message_id"].clone();
     ws.send_json(hello).await;
     let err = expect_error_then_close(
@@ -234,7 +244,8 @@ async fn a_history_gap_found_by_a_claim_is_reported_without_reply_to_and_closes_
     // The ACK frees room; materialization finds the gap.
     let ok = ws.ack(&d).await;
     assert_eq!(ok["type"], "ack", "{ok:#}");
-    let err = expect_error_then_close(&mut ws, "EVENT_HISTORY_EXPIRED", None, CloseCode::Policy).await;
+    let err =
+        expect_error_then_close(&mut ws, "EVENT_HISTORY_EXPIRED", None, CloseCode::Policy).await;
     assert!(
         err["error"]["message"]
             .as_str()
@@ -243,8 +254,14 @@ async fn a_history_gap_found_by_a_claim_is_reported_without_reply_to_and_closes_
         "{err:#}"
     );
     assert_eq!(err["session_id"], ws.session_id.as_deref().unwrap());
-    let res = app.get(&format!("/v1/subscriptions/{sub}"), &cred.token).await;
-    assert_eq!(res.data()["cursor_sequence"], "1", "never silently advanced");
+    let res = app
+        .get(&format!("/v1/subscriptions/{sub}"), &cred.token)
+        .await;
+    assert_eq!(
+        res.data()["cursor_sequence"],
+        "1",
+        "never silently advanced"
+    );
     app.assert_invariants().await;
 }
 

@@ -267,7 +267,11 @@ impl NodeProcess {
         app.address = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + DEADLINE;
         loop {
-            if let Ok(res) = app.http.get(format!("{}/healthz", app.address)).send().await
+            if let Ok(res) = app
+                .http
+                .get(format!("{}/healthz", app.address))
+                .send()
+                .await
                 && res.status() == 200
             {
                 break;
@@ -275,7 +279,11 @@ impl NodeProcess {
             if let Ok(Some(status)) = node.child.try_wait() {
                 panic!("the node exited with {status}: {}", node.log());
             }
-            assert!(Instant::now() < deadline, "the node did not start: {}", node.log());
+            assert!(
+                Instant::now() < deadline,
+                "the node did not start: {}",
+                node.log()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         node
@@ -303,7 +311,11 @@ impl NodeProcess {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "the node did not exit: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "the node did not exit: {}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
