@@ -11,5 +11,6 @@ mod protocol_session;
 mod protocol_shutdown;
 mod protocol_stall;
 mod protocol_support;
+mod protocol_transcript;
 mod protocol_upgrade;
 mod skeleton;
