@@ -36,7 +36,8 @@ async fn text_that_is_not_strict_json_closes_the_connection_with_1008() {
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
-    let cases: Vec<Box<dyn Fn(&str) -> String>> = vec![
+    type Case = Box<dyn Fn(&str) -> String>;
+    let cases: Vec<Case> = vec![
         Box::new(|_| "not json".to_owned()),
         Box::new(|_| "".to_owned()),
         Box::new(|s| format!(r#"["1","events.ping","{}","{s}",{{}}]"#, mid())),
@@ -96,7 +97,8 @@ async fn an_invalid_envelope_closes_the_connection_with_1008() {
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
-    let cases: Vec<Box<dyn Fn(&str) -> Value>> = vec![
+    type Case = Box<dyn Fn(&str) -> Value>;
+    let cases: Vec<Case> = vec![
         Box::new(
             |s| json!({"protocol_version": "2", "type": "events.ping", "message_id": mid(), "session_id": s, "body": {}}),
         ),

@@ -86,11 +86,9 @@ async fn a_wrong_secret_or_a_never_leased_epoch_gets_delivery_lease_lost_and_the
     let d = ws.delivery().await;
     let secret = d["body"]["lease_secret"].as_str().unwrap();
     // A well-formed secret that is not this lease's.
-    let other = if secret.starts_with('A') {
-        format!("B{}", &secret[1..])
-    } else {
-        format!("A{}", &secret[1..])
-    };
+    let mut chars = secret.chars();
+    let first = chars.next().unwrap();
+    let other = format!("{}{}", if first == 'A' { 'B' } else { 'A' }, chars.as_str());
     for (epoch, secret) in [("1", other.as_str()), ("2", secret), ("0", secret)] {
         let reply = ws.ack_proof(delivery_id(&d), epoch, secret).await;
         assert_error_frame(&reply, "DELIVERY_LEASE_LOST");

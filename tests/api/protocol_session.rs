@@ -423,3 +423,39 @@ async fn the_lease_is_committed_before_event_deliver_is_written() {
     }
     app.assert_invariants().await;
 }
+
+#[actix_web::test]
+async fn a_connection_asks_for_no_more_deliveries_than_its_write_queue_has_room_for() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = subscription(&app, &cred).await;
+    app.publish(
+        &cred,
+        (0..32)
+            .map(|_| result(&cred.queue_id, "task.succeeded"))
+            .collect(),
+    )
+    .await;
+    // Capacity 32 and 32 available deliveries, but a write queue of 8:
+    // every claim for this connection leases at most 8 (one claim = one
+    // transaction = one lease_until).
+    let mut ws = app.bind(&cred.token, &sub, 32).await;
+    let mut per_claim: std::collections::BTreeMap<String, usize> = Default::default();
+    for _ in 0..32 {
+        let d = ws.delivery().await;
+        *per_claim
+            .entry(
+                d["body"]["delivery"]["lease_until"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            )
+            .or_default() += 1;
+    }
+    assert!(
+        per_claim.values().all(|n| *n <= 8),
+        "a claim leased more than the write queue holds: {per_claim:?}"
+    );
+    assert!(per_claim.len() >= 4, "{per_claim:?}");
+    app.assert_invariants().await;
+}
