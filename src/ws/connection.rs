@@ -783,6 +783,9 @@ impl ConnectionActor {
                 };
                 ctx.spawn(fut.into_actor(self).map(|queued, act, ctx| {
                     if queued {
+                        // The scanner set this session's room to 0 when the
+                        // claim settled: always tell it the real room now.
+                        act.last_reported_room = None;
                         act.report_demand();
                     } else {
                         ctx.stop();

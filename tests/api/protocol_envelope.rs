@@ -408,14 +408,7 @@ async fn an_ack_for_another_subscriptions_delivery_gets_not_found_and_closes_wit
     // b has its own delivery of the same event; ACK a's proof on b.
     let own = b.delivery().await;
     assert_ne!(own["body"]["delivery"]["id"], d["body"]["delivery"]["id"]);
-    let ack = b.envelope(
-        "event.ack",
-        json!({
-            "delivery_id": d["body"]["delivery"]["id"],
-            "epoch": d["body"]["delivery"]["lease_epoch"],
-            "lease_secret": d["body"]["lease_secret"],
-        }),
-    );
+    let ack = b.envelope("event.ack", proof(&d));
     let id = ack["message_id"].clone();
     b.send_json(ack).await;
     let err = expect_error_then_close(&mut b, "NOT_FOUND", Some(&id), CloseCode::Policy).await;

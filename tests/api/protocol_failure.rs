@@ -20,13 +20,7 @@ async fn a_database_failure_during_a_session_gives_unavailable_and_1011_and_a_re
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
     let mut ws = app.bind(&cred.token, &sub, 5).await;
-    app.publish(
-        &cred,
-        (0..5)
-            .map(|_| result(&cred.queue_id, "task.succeeded"))
-            .collect(),
-    )
-    .await;
+    publish_n(&app, &cred, 5, "task.succeeded").await;
     let mut delivered = Vec::new();
     for _ in 0..5 {
         delivered.push(ws.delivery().await);
@@ -36,14 +30,7 @@ async fn a_database_failure_during_a_session_gives_unavailable_and_1011_and_a_re
     }
 
     let outage = database_outage(&app).await;
-    let ack = ws.envelope(
-        "event.ack",
-        serde_json::json!({
-            "delivery_id": delivered[2]["body"]["delivery"]["id"],
-            "epoch": delivered[2]["body"]["delivery"]["lease_epoch"],
-            "lease_secret": delivered[2]["body"]["lease_secret"],
-        }),
-    );
+    let ack = ws.envelope("event.ack", proof(&delivered[2]));
     let ack_id = ack["message_id"].clone();
     ws.send_json(ack).await;
     // Whichever database call fails first says so: this ACK (with its

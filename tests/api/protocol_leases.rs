@@ -182,13 +182,7 @@ async fn a_hello_behind_the_retention_floor_gets_event_history_expired_naming_th
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
-    app.publish(
-        &cred,
-        (0..3)
-            .map(|_| result(&cred.queue_id, "task.succeeded"))
-            .collect(),
-    )
-    .await;
+    publish_n(&app, &cred, 3, "task.succeeded").await;
     purge_through(&app, &cred, 2).await;
 
     let mut ws = app.connect(&cred.token).await;
@@ -228,13 +222,7 @@ async fn a_history_gap_found_by_a_claim_is_reported_without_reply_to_and_closes_
         .unwrap()
         .to_owned();
     let mut ws = app.bind(&cred.token, &sub, 1).await;
-    app.publish(
-        &cred,
-        (0..4)
-            .map(|_| result(&cred.queue_id, "task.failed"))
-            .collect(),
-    )
-    .await;
+    publish_n(&app, &cred, 4, "task.failed").await;
     let d = ws.delivery().await;
     assert_eq!(d["body"]["event"]["sequence"], "1");
     purge_through(&app, &cred, 3).await;

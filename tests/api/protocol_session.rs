@@ -50,14 +50,7 @@ async fn a_hello_for_a_subscription_whose_queue_left_the_scope_gets_not_found_an
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
-    execute(
-        &app,
-        &format!(
-            "UPDATE credentials SET queue_scope = '[]' WHERE id = '{}'",
-            cred.credential_id
-        ),
-    )
-    .await;
+    update_credential(&app, &cred, "queue_scope = '[]'").await;
     let mut ws = app.connect(&cred.token).await;
     let hello = ws.envelope(
         "events.hello",
@@ -192,71 +185,58 @@ async fn a_paused_subscription_connects_pings_and_acks_but_gets_no_new_deliverie
     app.assert_invariants().await;
 }
 
-#[actix_web::test]
-async fn a_ping_after_the_credential_was_revoked_gets_unauthenticated_and_closes_with_1008() {
-    // No timer-driven claim may notice the change first (that report has
-    // no reply_to; see the claim test below).
+/// A bound session whose first claim has settled, on a node whose timer
+/// makes no further claim: the next ping is the first to notice a change
+/// (a claim would report it without `reply_to`; see the test below).
+async fn quiet_session() -> (TestApp, Cred, WsClient) {
     let app = spawn_app_with(|s| s.timing.scan_interval_ms = 60_000).await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
     let mut ws = app.bind(&cred.token, &sub, 1).await;
     claims_settled(&app, 1).await;
     ping_expect_ack(&mut ws).await;
-    tenancy::revoke_credential(&app.db, &CredentialId::parse(&cred.credential_id).unwrap())
-        .await
-        .unwrap();
+    (app, cred, ws)
+}
+
+/// Sends a ping; expects an error `code` answering it, then close 1008.
+async fn ping_is_refused(ws: &mut WsClient, code: &str) {
     let ping = ws.envelope("events.ping", json!({}));
     let id = ping["message_id"].clone();
     ws.send_json(ping).await;
-    let err =
-        expect_error_then_close(&mut ws, "UNAUTHENTICATED", Some(&id), CloseCode::Policy).await;
+    let err = expect_error_then_close(ws, code, Some(&id), CloseCode::Policy).await;
     assert_eq!(err["session_id"], ws.session_id.as_deref().unwrap());
 }
 
 #[actix_web::test]
+async fn a_ping_after_the_credential_was_revoked_gets_unauthenticated_and_closes_with_1008() {
+    let (app, cred, mut ws) = quiet_session().await;
+    tenancy::revoke_credential(&app.db, &CredentialId::parse(&cred.credential_id).unwrap())
+        .await
+        .unwrap();
+    ping_is_refused(&mut ws, "UNAUTHENTICATED").await;
+}
+
+#[actix_web::test]
 async fn a_ping_after_events_consume_was_withdrawn_gets_permission_denied_and_closes_with_1008() {
-    // No timer-driven claim may notice the change first (that report has
-    // no reply_to; see the claim test below).
-    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 60_000).await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
-    claims_settled(&app, 1).await;
-    execute(
-        &app,
-        &format!(
-            "UPDATE credentials SET permissions = '[\"events:read\",\"events:manage\"]' WHERE id = '{}'",
-            cred.credential_id
-        ),
-    )
-    .await;
-    let ping = ws.envelope("events.ping", json!({}));
-    let id = ping["message_id"].clone();
-    ws.send_json(ping).await;
-    expect_error_then_close(&mut ws, "PERMISSION_DENIED", Some(&id), CloseCode::Policy).await;
+    let (app, cred, mut ws) = quiet_session().await;
+    let set = r#"permissions = '["events:read","events:manage"]'"#;
+    update_credential(&app, &cred, set).await;
+    ping_is_refused(&mut ws, "PERMISSION_DENIED").await;
 }
 
 #[actix_web::test]
 async fn a_ping_after_the_queue_left_the_scope_gets_not_found_and_closes_with_1008() {
-    // No timer-driven claim may notice the change first (that report has
-    // no reply_to; see the claim test below).
-    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 60_000).await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
-    claims_settled(&app, 1).await;
-    execute(
-        &app,
-        &format!(
-            "UPDATE credentials SET queue_scope = '[]' WHERE id = '{}'",
-            cred.credential_id
-        ),
-    )
-    .await;
-    let ping = ws.envelope("events.ping", json!({}));
-    let id = ping["message_id"].clone();
-    ws.send_json(ping).await;
-    expect_error_then_close(&mut ws, "NOT_FOUND", Some(&id), CloseCode::Policy).await;
+    let (app, cred, mut ws) = quiet_session().await;
+    update_credential(&app, &cred, "queue_scope = '[]'").await;
+    ping_is_refused(&mut ws, "NOT_FOUND").await;
+}
+
+async fn update_credential(app: &TestApp, cred: &Cred, set: &str) {
+    let sql = format!(
+        "UPDATE credentials SET {set} WHERE id = '{}'",
+        cred.credential_id
+    );
+    execute(app, &sql).await;
 }
 
 #[actix_web::test]
@@ -332,13 +312,7 @@ async fn at_most_four_requests_are_processed_at_once_and_further_frames_wait_unr
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
-    app.publish(
-        &cred,
-        (0..4)
-            .map(|_| result(&cred.queue_id, "task.succeeded"))
-            .collect(),
-    )
-    .await;
+    publish_n(&app, &cred, 4, "task.succeeded").await;
     let mut ws = app.bind(&cred.token, &sub, 4).await;
     let mut deliveries = Vec::new();
     for _ in 0..4 {
@@ -348,14 +322,7 @@ async fn at_most_four_requests_are_processed_at_once_and_further_frames_wait_unr
     let block = block_writes(&app, &sub).await;
     let mut sent = Vec::new();
     let mut send_ack = |ws: &mut WsClient, d: &serde_json::Value| {
-        let f = ws.envelope(
-            "event.ack",
-            json!({
-                "delivery_id": d["body"]["delivery"]["id"],
-                "epoch": d["body"]["delivery"]["lease_epoch"],
-                "lease_secret": d["body"]["lease_secret"],
-            }),
-        );
+        let f = ws.envelope("event.ack", proof(d));
         sent.push(f["message_id"].clone());
         f
     };
@@ -398,13 +365,7 @@ async fn the_lease_is_committed_before_event_deliver_is_written() {
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
     let mut ws = app.bind(&cred.token, &sub, 8).await;
-    app.publish(
-        &cred,
-        (0..8)
-            .map(|_| result(&cred.queue_id, "task.needs_review"))
-            .collect(),
-    )
-    .await;
+    publish_n(&app, &cred, 8, "task.needs_review").await;
     let session = ws.session_id.clone().unwrap();
     for _ in 0..8 {
         let d = ws.delivery().await;
@@ -429,13 +390,7 @@ async fn a_connection_asks_for_no_more_deliveries_than_its_write_queue_has_room_
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
-    app.publish(
-        &cred,
-        (0..32)
-            .map(|_| result(&cred.queue_id, "task.succeeded"))
-            .collect(),
-    )
-    .await;
+    publish_n(&app, &cred, 32, "task.succeeded").await;
     // Capacity 32 and 32 available deliveries, but a write queue of 8:
     // every claim for this connection leases at most 8 (one claim = one
     // transaction = one lease_until).

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::{helpers::*, protocol_support::*};
@@ -22,14 +21,7 @@ async fn on_shutdown_a_connection_closes_with_1001_only_after_its_in_flight_ack_
 
     // The ACK's transaction waits on the database...
     let block = block_writes(&app, &sub).await;
-    let ack = ws.envelope(
-        "event.ack",
-        json!({
-            "delivery_id": d["body"]["delivery"]["id"],
-            "epoch": d["body"]["delivery"]["lease_epoch"],
-            "lease_secret": d["body"]["lease_secret"],
-        }),
-    );
+    let ack = ws.envelope("event.ack", proof(&d));
     let ack_id = ack["message_id"].clone();
     ws.send_json(ack).await;
     // ...(a ping answered after it proves the node took the ACK)...

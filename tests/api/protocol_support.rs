@@ -113,6 +113,26 @@ where
     }
 }
 
+/// Publishes `n` results of `result_type` in one request.
+pub async fn publish_n(app: &TestApp, cred: &Cred, n: usize, result_type: &str) {
+    app.publish(
+        cred,
+        (0..n)
+            .map(|_| result(&cred.queue_id, result_type))
+            .collect(),
+    )
+    .await;
+}
+
+/// The lease proof of an `event.deliver` frame, as an `event.ack` body.
+pub fn proof(deliver: &Value) -> Value {
+    json!({
+        "delivery_id": deliver["body"]["delivery"]["id"],
+        "epoch": deliver["body"]["delivery"]["lease_epoch"],
+        "lease_secret": deliver["body"]["lease_secret"],
+    })
+}
+
 /// Publishes one result of `result_type` and returns its event id.
 pub async fn publish_one(app: &TestApp, cred: &Cred, result_type: &str) -> String {
     app.publish(cred, vec![result(&cred.queue_id, result_type)])

@@ -126,14 +126,6 @@ fn envelope_order(frame: &Value) -> Value {
     )
 }
 
-fn proof(d: &Value) -> Value {
-    json!({
-        "delivery_id": d["body"]["delivery"]["id"],
-        "epoch": d["body"]["delivery"]["lease_epoch"],
-        "lease_secret": d["body"]["lease_secret"],
-    })
-}
-
 #[actix_web::test]
 async fn the_session_transcript_in_docs_protocol_md_is_what_the_server_says() {
     let app = spawn_app().await;
