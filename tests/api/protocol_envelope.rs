@@ -16,11 +16,7 @@ const MAX: usize = 524_288;
 
 /// A bound session on a fresh node (no deliveries: nothing is published).
 async fn bound() -> (TestApp, Cred, String, WsClient) {
-    let app = spawn_app().await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let ws = app.bind(&cred.token, &sub, 1).await;
-    (app, cred, sub, ws)
+    bound_session(|_| {}, 1).await
 }
 
 /// A valid ping of exactly `len` bytes (whitespace before the last brace).

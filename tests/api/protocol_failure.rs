@@ -16,10 +16,7 @@ fn delivery_id(d: &Value) -> String {
 #[actix_web::test]
 async fn a_database_failure_during_a_session_gives_unavailable_and_1011_and_a_reconnect_gets_every_unacked_delivery_with_the_same_ids()
  {
-    let app = spawn_app_with(|s| s.timing.lease_ms = 1_500).await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 5).await;
+    let (app, cred, sub, mut ws) = bound_session(|s| s.timing.lease_ms = 1_500, 5).await;
     publish_n(&app, &cred, 5, "task.succeeded").await;
     let mut delivered = Vec::new();
     for _ in 0..5 {

@@ -37,10 +37,7 @@ async fn wait_for_lapse(app: &TestApp, id: &str) {
 
 #[actix_web::test]
 async fn a_late_ack_after_the_lease_lapsed_is_accepted_while_no_newer_epoch_exists() {
-    let app = spawn_app_with(|s| s.timing.lease_ms = 300).await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    let (app, cred, sub, mut ws) = bound_session(|s| s.timing.lease_ms = 300, 1).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let d = ws.delivery().await;
     // Paused: no claim can lease it again (and so no newer epoch appears).
@@ -57,10 +54,7 @@ async fn a_late_ack_after_the_lease_lapsed_is_accepted_while_no_newer_epoch_exis
 
 #[actix_web::test]
 async fn an_ack_from_a_new_connection_with_the_proof_of_a_closed_one_is_accepted() {
-    let app = spawn_app().await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut old = app.bind(&cred.token, &sub, 1).await;
+    let (app, cred, sub, mut old) = bound_session(|_| {}, 1).await;
     publish_one(&app, &cred, "task.cancelled").await;
     let d = old.delivery().await;
     drop(old);
@@ -78,10 +72,7 @@ async fn an_ack_from_a_new_connection_with_the_proof_of_a_closed_one_is_accepted
 #[actix_web::test]
 async fn a_wrong_secret_or_a_never_leased_epoch_gets_delivery_lease_lost_and_the_connection_stays()
 {
-    let app = spawn_app().await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    let (app, cred, _, mut ws) = bound_session(|_| {}, 1).await;
     publish_one(&app, &cred, "task.failed").await;
     let d = ws.delivery().await;
     let secret = d["body"]["lease_secret"].as_str().unwrap();
@@ -105,10 +96,7 @@ async fn a_wrong_secret_or_a_never_leased_epoch_gets_delivery_lease_lost_and_the
 #[actix_web::test]
 async fn an_expired_lease_is_recovered_by_the_next_claim_and_offered_again_with_revision_4_and_epoch_2()
  {
-    let app = spawn_app_with(|s| s.timing.lease_ms = 300).await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 300, 1).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let first = ws.delivery().await;
     let f = &first["body"]["delivery"];

@@ -136,10 +136,7 @@ async fn the_defaults_advertise_a_30_s_lease_and_a_15_s_heartbeat() {
 
 #[actix_web::test]
 async fn a_paused_subscription_connects_pings_and_acks_but_gets_no_new_deliveries_until_resumed() {
-    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 100).await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut first = app.bind(&cred.token, &sub, 4).await;
+    let (app, cred, sub, mut first) = bound_session(|s| s.timing.scan_interval_ms = 100, 4).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let d1 = first.delivery().await;
 
@@ -189,10 +186,7 @@ async fn a_paused_subscription_connects_pings_and_acks_but_gets_no_new_deliverie
 /// makes no further claim: the next ping is the first to notice a change
 /// (a claim would report it without `reply_to`; see the test below).
 async fn quiet_session() -> (TestApp, Cred, WsClient) {
-    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 60_000).await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.scan_interval_ms = 60_000, 1).await;
     claims_settled(&app, 1).await;
     ping_expect_ack(&mut ws).await;
     (app, cred, ws)
@@ -241,10 +235,7 @@ async fn update_credential(app: &TestApp, cred: &Cred, set: &str) {
 
 #[actix_web::test]
 async fn a_revoked_credential_found_by_a_claim_is_reported_without_reply_to_and_closes_with_1008() {
-    let app = spawn_app().await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    let (app, cred, _, mut ws) = bound_session(|_| {}, 1).await;
     tenancy::revoke_credential(&app.db, &CredentialId::parse(&cred.credential_id).unwrap())
         .await
         .unwrap();
@@ -361,10 +352,7 @@ async fn at_most_four_requests_are_processed_at_once_and_further_frames_wait_unr
 
 #[actix_web::test]
 async fn the_lease_is_committed_before_event_deliver_is_written() {
-    let app = spawn_app().await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 8).await;
+    let (app, cred, _, mut ws) = bound_session(|_| {}, 8).await;
     publish_n(&app, &cred, 8, "task.needs_review").await;
     let session = ws.session_id.clone().unwrap();
     for _ in 0..8 {

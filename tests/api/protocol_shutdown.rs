@@ -10,10 +10,7 @@ use crate::{helpers::*, protocol_support::*};
 #[actix_web::test]
 async fn on_shutdown_a_connection_closes_with_1001_only_after_its_in_flight_ack_has_committed_and_been_answered()
  {
-    let app = spawn_app().await;
-    let cred = app.bootstrap().await;
-    let sub = subscription(&app, &cred).await;
-    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    let (app, cred, sub, mut ws) = bound_session(|_| {}, 1).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let d = ws.delivery().await;
     let mut idle = app.bind(&cred.token, &sub, 1).await;

@@ -17,6 +17,19 @@ pub async fn subscription(app: &TestApp, cred: &Cred) -> String {
         .to_owned()
 }
 
+/// A node (defaults changed by `customize`), a credential, a subscription
+/// from the start of the log, and a session bound to it with `capacity`.
+pub async fn bound_session(
+    customize: impl FnOnce(&mut orbit_events::config::Settings),
+    capacity: u32,
+) -> (TestApp, Cred, String, WsClient) {
+    let app = spawn_app_with(customize).await;
+    let cred = app.bootstrap().await;
+    let sub = subscription(&app, &cred).await;
+    let ws = app.bind(&cred.token, &sub, capacity).await;
+    (app, cred, sub, ws)
+}
+
 /// Pauses or resumes a subscription in the database (the scanner's timer
 /// notices within `timing.scan_interval_ms`).
 pub async fn set_enabled(app: &TestApp, subscription_id: &str, enabled: bool) {
