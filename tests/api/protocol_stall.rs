@@ -64,6 +64,64 @@ async fn receive_latency(app: &TestApp, cred: &Cred, ws: &mut WsClient) -> Durat
     latency
 }
 
+/// Binds a session and sends `pings` pings without reading; then reads
+/// every reply it can. Returns (sent, answered, the close if the node
+/// closed the connection).
+async fn flood_pings(
+    url: &str,
+    token: &str,
+    subscription_id: &str,
+    pings: usize,
+    local_port: &std::sync::atomic::AtomicU16,
+) -> (usize, usize, Option<String>) {
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static("orbit.events.v1"),
+    );
+    req.headers_mut().insert(
+        "Authorization",
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    let (stream, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    if let tokio_tungstenite::MaybeTlsStream::Plain(tcp) = stream.get_ref() {
+        local_port.store(
+            tcp.local_addr().unwrap().port(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+    let mut ws = WsClient {
+        stream,
+        session_id: None,
+        pending: Default::default(),
+    };
+    assert_eq!(ws.hello(subscription_id, 1).await["type"], "events.welcome");
+    let mut sent = 0;
+    for _ in 0..pings {
+        let ping = ws.envelope("events.ping", json!({}));
+        assert_frame_valid("clientFrame", &ping);
+        // A send error (the node gave up on this client) ends the flood.
+        let send = ws.stream.send(Message::text(ping.to_string()));
+        match tokio::time::timeout(Duration::from_secs(10), send).await {
+            Ok(Ok(())) => sent += 1,
+            _ => break,
+        }
+    }
+    // Now it reads: every ping that got through is answered, none dropped
+    // (or, had the node given up on it, the connection is closed).
+    let mut answered = 0;
+    while answered < sent {
+        match ws.recv().await {
+            Received::Frame(f) => {
+                assert_eq!(f["type"], "ack", "{f:#}");
+                answered += 1;
+            }
+            Received::Closed(c) => return (sent, answered, Some(format!("{c:?}"))),
+        }
+    }
+    (sent, answered, None)
+}
+
 /// Round trip of one `events.ping`.
 async fn ping_rtt(ws: &mut WsClient) -> Duration {
     let started = Instant::now();
@@ -264,7 +322,6 @@ async fn ten_thousand_pings_sent_without_reading_keep_the_nodes_memory_bounded_a
     .await;
     let sub = subscription(&app, &cred).await;
     let mut other = app.bind(&cred.token, &sub, 1).await;
-    let mut flooder = app.bind(&cred.token, &sub, 1).await;
 
     let mut before = Vec::new();
     for _ in 0..100 {
@@ -272,60 +329,41 @@ async fn ten_thousand_pings_sent_without_reading_keep_the_nodes_memory_bounded_a
     }
     let rss_before = node.rss_kib();
 
-    // The flood runs in its own task; this one keeps pinging.
-    let flooder_port = match flooder.stream.get_ref() {
-        tokio_tungstenite::MaybeTlsStream::Plain(tcp) => tcp.local_addr().unwrap().port(),
-        _ => unreachable!("plain TCP"),
+    // The flooder runs on its own thread and runtime, so that its sending
+    // never delays this thread's measurements of the other connection.
+    let flooder_port = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
+    let flood = {
+        let (url, token, sub, port) = (
+            app.ws_url(),
+            cred.token.clone(),
+            sub.clone(),
+            flooder_port.clone(),
+        );
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(flood_pings(&url, &token, &sub, PINGS, &port))
+        })
     };
-    let session = flooder.session_id.clone().unwrap();
-    let flood = actix_web::rt::spawn(async move {
-        let mut sent = 0;
-        for _ in 0..PINGS {
-            let f = json!({
-                "protocol_version": "1", "type": "events.ping", "message_id": mid(),
-                "session_id": session, "body": {},
-            });
-            assert_frame_valid("clientFrame", &f);
-            let send = flooder.stream.send(Message::text(f.to_string()));
-            match tokio::time::timeout(Duration::from_secs(10), send).await {
-                Ok(Ok(())) => sent += 1,
-                _ => break,
-            }
-        }
-        (flooder, sent)
-    });
     let mut during = Vec::new();
     let mut rss_max = rss_before;
     let mut max_tx_queue = 0;
     while !flood.is_finished() {
         during.push(ping_rtt(&mut other).await);
         rss_max = rss_max.max(node.rss_kib());
-        if let Some(s) = server_socket(node.port, flooder_port) {
+        let port = flooder_port.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(s) = server_socket(node.port, port) {
             max_tx_queue = max_tx_queue.max(s.tx_queue);
         }
     }
-    let (mut flooder, sent) = flood.await.unwrap();
+    let (sent, answered, closed) = flood.join().unwrap();
     while during.len() < 100 {
         during.push(ping_rtt(&mut other).await);
         rss_max = rss_max.max(node.rss_kib());
     }
 
-    // Now the flooder reads: every ping it got through was answered, none
-    // dropped (or, had the node given up on it, the connection is closed).
-    let mut answered = 0;
-    let mut closed = None;
-    while answered < sent {
-        match flooder.recv().await {
-            Received::Frame(f) => {
-                assert_eq!(f["type"], "ack", "{f:#}");
-                answered += 1;
-            }
-            Received::Closed(c) => {
-                closed = Some(c);
-                break;
-            }
-        }
-    }
     let (p_before, p_during) = (p99(&mut before), p99(&mut during));
     println!(
         "ping flood ({}): {sent} of {PINGS} pings sent without reading, {answered} answered{}; \
@@ -335,7 +373,7 @@ async fn ten_thousand_pings_sent_without_reading_keep_the_nodes_memory_bounded_a
         backend_name(),
         closed
             .as_ref()
-            .map(|c| format!(", then closed ({c:?})"))
+            .map(|c| format!(", then closed ({c})"))
             .unwrap_or_default(),
         max_tx_queue / 1024,
         rss_before,
