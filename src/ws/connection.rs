@@ -9,6 +9,9 @@
 //! socket, none are dropped). A writer task owns the socket's send half and
 //! drains a bounded `write_queue`; each send is bounded by the write timeout,
 //! so a consumer that stops reading is detected and its slot freed.
+//! On node shutdown the connection drains: it takes no new frame, lets its
+//! in-flight hello/ACK/ping finish and answer, then closes with 1001
+//! (decision 0020).
 
 use std::{
     collections::HashMap,
