@@ -96,7 +96,7 @@ async fn a_wrong_secret_or_a_never_leased_epoch_gets_delivery_lease_lost_and_the
 #[actix_web::test]
 async fn an_expired_lease_is_recovered_by_the_next_claim_and_offered_again_with_revision_4_and_epoch_2()
  {
-    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 300, 1).await;
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 1_000, 1).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let first = ws.delivery().await;
     let f = &first["body"]["delivery"];

@@ -259,8 +259,8 @@ async fn a_stalled_consumer_is_closed_its_socket_freed_its_leases_go_to_a_health
     // Its leases stay in the database until they lapse, then go to a
     // healthy consumer of the same subscription.
     let mut healthy = app.bind(&stalled_cred.token, &stalled_sub, 32).await;
-    let mut seen = HashSet::new();
-    while seen.len() < EVENTS {
+    let mut acked = HashSet::new();
+    while acked.len() < EVENTS {
         let d = healthy.delivery().await;
         let delivery = &d["body"]["delivery"];
         assert_ne!(
@@ -271,8 +271,15 @@ async fn a_stalled_consumer_is_closed_its_socket_freed_its_leases_go_to_a_health
             delivery["available_at"], delivery["created_at"],
             "offered again only after a lease ended"
         );
-        seen.insert(delivery["id"].as_str().unwrap().to_owned());
-        assert_eq!(healthy.ack(&d).await["type"], "ack");
+        let reply = healthy.ack(&d).await;
+        if reply["type"] == "ack" {
+            acked.insert(delivery["id"].as_str().unwrap().to_owned());
+        } else {
+            // Big frames on a loaded machine: this lease (1.5 s) lapsed
+            // before its turn and the delivery was leased again; as a
+            // consumer does (protocol.md §5), ACK its next delivery.
+            assert_error_frame(&reply, "DELIVERY_LEASE_LOST");
+        }
     }
     assert_eq!(
         app.scalar(&format!(
