@@ -148,7 +148,7 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
          --application app --queue results --event-access --publish-access`, then follow \
          README.md (walk-through) and docs/ (HTTP API and orbit.events.v1 guides)"
     );
-    app.run_until_stopped().await.map_err(|e| e.to_string())
+    app.run_until_signal().await.map_err(|e| e.to_string())
 }
 
 async fn migrate(args: ConfigArg) -> Result<(), String> {

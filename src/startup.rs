@@ -1,22 +1,38 @@
 //! Building and running one node: `Application::build(settings)` binds the
 //! listener (port 0 picks a free one, for tests) and starts the actors.
 
-use std::{net::TcpListener, sync::Arc, time::Duration};
+use std::{
+    net::TcpListener,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use actix::{Actor, Addr, Arbiter};
-use actix_web::{App, HttpServer, dev::Server, middleware::from_fn, web};
+use actix_web::{
+    App, HttpServer,
+    dev::{Server, ServerHandle},
+    middleware::from_fn,
+    web,
+};
+use tokio::sync::watch;
 
 use crate::{
     config::Settings,
     delivery::{
-        pool::{LeasePoolActor, PoolLimits},
+        pool::{GetPoolStats, LeasePoolActor, PoolLimits},
         scanner::ScannerActor,
     },
     domain::NodeId,
     http,
     state::AppState,
-    store::Database,
+    store::{Database, sessions},
 };
+
+/// How long a stopping node waits for its connections to finish their
+/// in-flight database work and close (1001) before it stops regardless.
+/// Bounded by the slowest database call (a pool acquire, 10 s, plus a
+/// SQLite busy wait, 5 s) with room to spare.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +102,7 @@ impl Application {
             scanner,
             pool,
             node_id,
+            shutdown: Shutdown::new(),
         };
 
         let listener =
@@ -110,6 +127,9 @@ impl Application {
                 .configure(http::routes)
         })
         .on_connect(move |conn, _| set_tcp_user_timeout(conn, user_timeout))
+        // Signals are ours (`run_until_signal`): WebSocket connections must
+        // drain and close with 1001 before the server stops.
+        .disable_signals()
         .shutdown_timeout(5)
         .listen(listener)
         .map_err(|source| StartupError::Listen {
@@ -136,14 +156,124 @@ impl Application {
         &self.state
     }
 
-    /// Serves until the server stops (SIGINT/SIGTERM or a stop handle).
+    /// Serves until the server stops. When [`Shutdown::begin`] is called
+    /// (by `run_until_signal`, or a test), the node drains: see [`drain`].
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let handle = self.server.handle();
+        let state = self.state.clone();
+        let drainer = actix_web::rt::spawn(async move {
+            state.shutdown.begun().await;
+            drain(&state, handle).await;
+        });
+        let result = self.server.await;
+        drainer.abort();
+        result
+    }
+
+    /// As [`Application::run_until_stopped`], draining on the first SIGTERM
+    /// or SIGINT; a second signal stops at once (protocol.md §3).
+    pub async fn run_until_signal(self) -> std::io::Result<()> {
+        let shutdown = self.state.shutdown.clone();
+        let handle = self.server.handle();
+        actix_web::rt::spawn(async move {
+            if let Err(err) = next_signal().await {
+                tracing::error!(error = %err, "cannot listen for SIGTERM/SIGINT");
+                return;
+            }
+            tracing::info!("shutting down: closing connections after in-flight work");
+            shutdown.begin();
+            if next_signal().await.is_ok() {
+                tracing::warn!("second signal: stopping now");
+                handle.stop(false).await;
+            }
+        });
+        self.run_until_stopped().await
     }
 
     /// A handle that can stop the server.
     pub fn server_handle(&self) -> actix_web::dev::ServerHandle {
         self.server.handle()
+    }
+}
+
+/// The node-wide stop signal. Connections watch it: on [`Shutdown::begin`]
+/// each one stops taking frames, lets its in-flight hello/ACK/ping finish
+/// (their replies are written), then closes with 1001.
+#[derive(Clone, Debug)]
+pub struct Shutdown(Arc<watch::Sender<bool>>);
+
+impl Shutdown {
+    pub fn new() -> Shutdown {
+        Shutdown(Arc::new(watch::Sender::new(false)))
+    }
+
+    /// Starts the drain (idempotent).
+    pub fn begin(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub fn is_begun(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once [`Shutdown::begin`] has been called.
+    pub async fn begun(&self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives in `self`, so `wait_for` cannot see it dropped.
+        let _ = rx.wait_for(|begun| *begun).await;
+    }
+}
+
+impl Default for Shutdown {
+    fn default() -> Shutdown {
+        Shutdown::new()
+    }
+}
+
+/// Drains a node: stop accepting, wait (at most [`SHUTDOWN_GRACE`]) until
+/// every WebSocket connection has finished its in-flight database work and
+/// closed with 1001, mark this node's sessions closed, then stop the HTTP
+/// server gracefully. Leases already committed stay in the database and are
+/// recovered after they lapse.
+async fn drain(state: &AppState, handle: ServerHandle) {
+    handle.pause().await;
+    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    loop {
+        match state.pool.send(GetPoolStats).await {
+            Ok(stats) if stats.connections > 0 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(stats) if stats.connections > 0 => {
+                tracing::warn!(
+                    connections = stats.connections,
+                    "connections still open after the shutdown grace"
+                );
+                break;
+            }
+            _ => break,
+        }
+    }
+    let closed = async {
+        let txn = state.db.begin_write().await?;
+        let n = sessions::close_node_sessions(&txn, &state.node_id).await?;
+        txn.commit().await.map(|()| n)
+    };
+    match closed.await {
+        Ok(n) if n > 0 => tracing::info!(sessions = n, "closed this node's remaining sessions"),
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "could not close this node's sessions"),
+    }
+    handle.stop(true).await;
+}
+
+/// The next SIGTERM or SIGINT.
+async fn next_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => Ok(()),
+        _ = int.recv() => Ok(()),
     }
 }
 

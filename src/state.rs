@@ -8,6 +8,7 @@ use crate::{
     config::Settings,
     delivery::{pool::LeasePoolActor, scanner::ScannerActor},
     domain::NodeId,
+    startup::Shutdown,
     store::Database,
 };
 
@@ -19,4 +20,6 @@ pub struct AppState {
     pub scanner: Addr<ScannerActor>,
     pub pool: Addr<LeasePoolActor>,
     pub node_id: NodeId,
+    /// Tells connections to drain and close (1001) when the node stops.
+    pub shutdown: Shutdown,
 }

@@ -238,9 +238,9 @@ impl LeasePoolActor {
                 tracing::warn!(error = %err, subscription_id = %req.target.subscription_id, "claim failed");
             }
             tracing::trace!(elapsed_ms = started.elapsed().as_millis() as u64, leased, "claim done");
-            req.reply.do_send(ClaimResult {
-                outcome: result.map_err(|e| e.to_string()),
-            });
+            // The scanner hears of the claim before the connection does, so
+            // the room the connection reports after taking the leases always
+            // reaches the scanner after this (its mailbox is FIFO).
             req.settled.do_send(ClaimSettled {
                 session_id: req.target.session_id.clone(),
                 subscription_id: req.target.subscription_id.clone(),
@@ -249,6 +249,9 @@ impl LeasePoolActor {
                 exhausted,
                 refused: false,
                 failed,
+            });
+            req.reply.do_send(ClaimResult {
+                outcome: result.map_err(|e| e.to_string()),
             });
             act.dispatch(ctx);
         }));

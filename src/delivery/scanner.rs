@@ -405,7 +405,12 @@ impl Handler<ClaimSettled> for ScannerActor {
             // Retried on a later round (the timer), never in a tight loop.
             return;
         }
-        entry.room = entry.room.saturating_sub(msg.leased);
+        if msg.leased > 0 {
+            // The connection reports its new room once it has queued these
+            // deliveries (protocol.md §3: room in both its capacity and its
+            // write queue); until then it has none.
+            entry.room = 0;
+        }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
             if msg.exhausted {
                 sub.maybe_pending = false;

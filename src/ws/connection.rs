@@ -9,6 +9,9 @@
 //! socket, none are dropped). A writer task owns the socket's send half and
 //! drains a bounded `write_queue`; each send is bounded by the write timeout,
 //! so a consumer that stops reading is detected and its slot freed.
+//! On node shutdown the connection drains: it takes no new frame, lets its
+//! in-flight hello/ACK/ping finish and answer, then closes with 1001
+//! (decision 0020).
 
 use std::{
     collections::HashMap,
@@ -31,7 +34,7 @@ use crate::{
         pool::ConnectionSlot,
         scanner::{Demand, SessionBound, SessionClosed, SubscriptionChanged},
     },
-    domain::{DeliveryId, MessageId, QueueId, SessionId, SubscriptionId, U64Str, now},
+    domain::{DeliveryId, MessageId, Permission, QueueId, SessionId, SubscriptionId, U64Str, now},
     error::ErrorCode,
     state::AppState,
     store::{
@@ -123,6 +126,13 @@ pub struct ConnectionActor {
     /// Deliveries this connection holds, with their local lease deadline.
     held: HashMap<DeliveryId, Instant>,
     last_reported_room: Option<u32>,
+    /// Hello, ACK and ping futures running (each holds a read permit).
+    in_flight: usize,
+    /// The node is stopping: no new frames are taken; once `in_flight` is
+    /// 0 the connection closes with 1001.
+    draining: bool,
+    /// The scanner was told this session is gone (once per session).
+    left_scanner: bool,
     _slot: ConnectionSlot,
 }
 
@@ -146,6 +156,9 @@ impl ConnectionActor {
             last_valid_frame: Instant::now(),
             held: HashMap::new(),
             last_reported_room: None,
+            in_flight: 0,
+            draining: false,
+            left_scanner: false,
             _slot: slot,
             state,
         }
@@ -206,7 +219,10 @@ impl ConnectionActor {
     }
 
     fn leave_scanner(&mut self) {
-        if let Phase::Bound(b) = &self.phase {
+        if let Phase::Bound(b) = &self.phase
+            && !self.left_scanner
+        {
+            self.left_scanner = true;
             self.state.scanner.do_send(SessionClosed {
                 session_id: b.session_id.clone(),
             });
@@ -217,6 +233,24 @@ impl ConnectionActor {
                     tracing::warn!(error = %err, "could not record the session close");
                 }
             });
+        }
+    }
+
+    /// Node shutdown (protocol.md §3): take no more frames and no more
+    /// deliveries; close with 1001 once in-flight database work is done.
+    fn drain(&mut self, ctx: &mut Context<Self>) {
+        if self.draining || matches!(self.phase, Phase::Closing) {
+            return;
+        }
+        self.draining = true;
+        self.leave_scanner();
+        self.read_permits.close();
+        self.finish_drain_if_idle(ctx);
+    }
+
+    fn finish_drain_if_idle(&mut self, ctx: &mut Context<Self>) {
+        if self.draining && self.in_flight == 0 {
+            self.close(ctx, CloseCode::Away, "the server is shutting down");
         }
     }
 
@@ -357,6 +391,10 @@ impl ConnectionActor {
     }
 
     fn handle_frame(&mut self, ctx: &mut Context<Self>, text: &str, permit: OwnedSemaphorePermit) {
+        if self.draining {
+            // Read before the drain began; the client resends it elsewhere.
+            return;
+        }
         let env = match frames::parse_envelope(text) {
             Ok(env) => env,
             Err(err) => return self.close(ctx, CloseCode::Policy, &err.0),
@@ -418,65 +456,91 @@ impl ConnectionActor {
             result
         };
         let reply_to = env.message_id;
+        self.in_flight += 1;
         ctx.spawn(fut.into_actor(self).map(move |result, act, ctx| {
-            if !matches!(act.phase, Phase::HelloPending) {
-                return;
-            }
-            match result {
-                Ok(OpenSession::Opened { session_id, subscription }) => {
-                    let timing = &act.state.settings.timing;
-                    let welcome = frames::welcome(
-                        &reply_to,
-                        &frames::Welcome {
-                            session_id: &session_id,
-                            subscription_id: &hello.subscription_id,
-                            capacity,
-                            lease_duration_ms: timing.lease_ms,
-                            heartbeat_interval_ms: timing.heartbeat_interval_ms,
-                            server_time: now(),
-                            enabled: subscription.enabled,
-                        },
-                    );
-                    tracing::info!(session_id = %session_id, subscription_id = %hello.subscription_id, capacity, "session bound");
-                    act.phase = Phase::Bound(Bound {
-                        session_id: session_id.clone(),
-                        subscription_id: hello.subscription_id.clone(),
-                        capacity,
-                    });
-                    act.send_now(ctx, welcome);
-                    let room = act.room();
-                    act.last_reported_room = Some(room);
-                    act.state.scanner.do_send(SessionBound {
-                        session_id,
-                        subscription_id: hello.subscription_id,
-                        queue_id: QueueId::from_db(subscription.queue_id),
-                        application_id: act.principal.application_id.clone(),
-                        credential_id: act.principal.credential_id.clone(),
-                        capacity,
-                        room,
-                        connection: ctx.address().recipient(),
-                    });
-                }
-                Ok(OpenSession::NotFound) => act.fail(
-                    ctx,
-                    Some(&reply_to),
-                    ErrorCode::NotFound,
-                    "subscription not found",
-                    CloseCode::Policy,
-                ),
-                Ok(OpenSession::HistoryExpired(earliest)) => act.fail(
-                    ctx,
-                    Some(&reply_to),
-                    ErrorCode::EventHistoryExpired,
-                    &history_message(earliest),
-                    CloseCode::Policy,
-                ),
-                Err(err) => {
-                    tracing::warn!(error = %err, "hello failed on the database");
-                    act.fail(ctx, Some(&reply_to), ErrorCode::Unavailable, UNAVAILABLE, CloseCode::Error)
-                }
-            }
+            act.in_flight -= 1;
+            act.after_hello(ctx, result, reply_to, hello, capacity);
+            act.finish_drain_if_idle(ctx);
         }));
+    }
+
+    fn after_hello(
+        &mut self,
+        ctx: &mut Context<Self>,
+        result: Result<OpenSession, sea_orm::DbErr>,
+        reply_to: MessageId,
+        hello: frames::Hello,
+        capacity: u32,
+    ) {
+        if !matches!(self.phase, Phase::HelloPending) {
+            return;
+        }
+        match result {
+            Ok(OpenSession::Opened {
+                session_id,
+                subscription,
+            }) => {
+                let timing = &self.state.settings.timing;
+                let welcome = frames::welcome(
+                    &reply_to,
+                    &frames::Welcome {
+                        session_id: &session_id,
+                        subscription_id: &hello.subscription_id,
+                        capacity,
+                        lease_duration_ms: timing.lease_ms,
+                        heartbeat_interval_ms: timing.heartbeat_interval_ms,
+                        server_time: now(),
+                        enabled: subscription.enabled,
+                    },
+                );
+                tracing::info!(session_id = %session_id, subscription_id = %hello.subscription_id, capacity, "session bound");
+                self.phase = Phase::Bound(Bound {
+                    session_id: session_id.clone(),
+                    subscription_id: hello.subscription_id.clone(),
+                    capacity,
+                });
+                self.send_now(ctx, welcome);
+                if self.draining {
+                    return;
+                }
+                let room = self.room();
+                self.last_reported_room = Some(room);
+                self.state.scanner.do_send(SessionBound {
+                    session_id,
+                    subscription_id: hello.subscription_id,
+                    queue_id: QueueId::from_db(subscription.queue_id),
+                    application_id: self.principal.application_id.clone(),
+                    credential_id: self.principal.credential_id.clone(),
+                    capacity,
+                    room,
+                    connection: ctx.address().recipient(),
+                });
+            }
+            Ok(OpenSession::NotFound) => self.fail(
+                ctx,
+                Some(&reply_to),
+                ErrorCode::NotFound,
+                "subscription not found",
+                CloseCode::Policy,
+            ),
+            Ok(OpenSession::HistoryExpired(earliest)) => self.fail(
+                ctx,
+                Some(&reply_to),
+                ErrorCode::EventHistoryExpired,
+                &history_message(earliest),
+                CloseCode::Policy,
+            ),
+            Err(err) => {
+                tracing::warn!(error = %err, "hello failed on the database");
+                self.fail(
+                    ctx,
+                    Some(&reply_to),
+                    ErrorCode::Unavailable,
+                    UNAVAILABLE,
+                    CloseCode::Error,
+                )
+            }
+        }
     }
 
     fn on_ack(
@@ -565,9 +629,11 @@ impl ConnectionActor {
             drop(permit);
             (outcome, queued)
         };
+        self.in_flight += 1;
         ctx.spawn(
             fut.into_actor(self)
                 .map(move |(outcome, queued), act, ctx| {
+                    act.in_flight -= 1;
                     if !queued {
                         return ctx.stop();
                     }
@@ -588,6 +654,7 @@ impl ConnectionActor {
                         }
                         Err(_) => act.close(ctx, CloseCode::Error, UNAVAILABLE),
                     }
+                    act.finish_drain_if_idle(ctx);
                 }),
         );
     }
@@ -611,52 +678,73 @@ impl ConnectionActor {
         }
         let db = self.state.db.clone();
         let credential_id = self.principal.credential_id.clone();
+        let tx = self.write_tx.clone();
+        let timeout = self.state.settings.timing.write_timeout();
+        let session_id = bound.session_id.clone();
+        let reply = reply_to.clone();
         let fut = async move {
             let result = revalidate(&db, &credential_id, &bound.subscription_id).await;
+            // Like an ACK reply, a ping reply waits for room in the write
+            // queue while holding its read permit: a client that pings
+            // without reading is slowed down (backpressure), never buffered.
+            let mut queued = true;
+            if let Ok(Revalidation::Ok { enabled }) = &result {
+                let text = frames::ping_reply(
+                    &session_id,
+                    &reply,
+                    &frames::PingReply {
+                        server_time: now(),
+                        enabled: *enabled,
+                    },
+                );
+                queued = matches!(
+                    tokio::time::timeout(timeout, tx.send(Outbound::Text(text))).await,
+                    Ok(Ok(()))
+                );
+            }
             drop(permit);
-            result
+            (result, queued)
         };
-        let session_id = bound.session_id.clone();
-        ctx.spawn(
-            fut.into_actor(self)
-                .map(move |result, act, ctx| match result {
-                    Ok(Revalidation::Ok { enabled }) => {
-                        let text = frames::ping_reply(
-                            &session_id,
-                            &reply_to,
-                            &frames::PingReply {
-                                server_time: now(),
-                                enabled,
-                            },
-                        );
-                        act.send_now(ctx, text);
-                    }
-                    Ok(Revalidation::Revoked) => act.fail(
+        self.in_flight += 1;
+        ctx.spawn(fut.into_actor(self).map(move |(result, queued), act, ctx| {
+            act.in_flight -= 1;
+            match result {
+                Ok(Revalidation::Ok { .. }) if !queued => ctx.stop(),
+                Ok(Revalidation::Ok { .. }) => {}
+                Ok(Revalidation::Revoked) => act.fail(
+                    ctx,
+                    Some(&reply_to),
+                    ErrorCode::Unauthenticated,
+                    "the credential was revoked",
+                    CloseCode::Policy,
+                ),
+                Ok(Revalidation::Denied) => act.fail(
+                    ctx,
+                    Some(&reply_to),
+                    ErrorCode::PermissionDenied,
+                    "the credential lacks the events:consume permission",
+                    CloseCode::Policy,
+                ),
+                Ok(Revalidation::OutOfScope) => act.fail(
+                    ctx,
+                    Some(&reply_to),
+                    ErrorCode::NotFound,
+                    "subscription not found",
+                    CloseCode::Policy,
+                ),
+                Err(err) => {
+                    tracing::warn!(error = %err, "ping re-validation failed on the database");
+                    act.fail(
                         ctx,
                         Some(&reply_to),
-                        ErrorCode::Unauthenticated,
-                        "the credential was revoked",
-                        CloseCode::Policy,
-                    ),
-                    Ok(Revalidation::OutOfScope) => act.fail(
-                        ctx,
-                        Some(&reply_to),
-                        ErrorCode::NotFound,
-                        "subscription not found",
-                        CloseCode::Policy,
-                    ),
-                    Err(err) => {
-                        tracing::warn!(error = %err, "ping re-validation failed on the database");
-                        act.fail(
-                            ctx,
-                            Some(&reply_to),
-                            ErrorCode::Unavailable,
-                            UNAVAILABLE,
-                            CloseCode::Error,
-                        )
-                    }
-                }),
-        );
+                        ErrorCode::Unavailable,
+                        UNAVAILABLE,
+                        CloseCode::Error,
+                    )
+                }
+            }
+            act.finish_drain_if_idle(ctx);
+        }));
     }
 
     fn on_leased(&mut self, ctx: &mut Context<Self>, outcome: Result<ClaimOutcome, String>) {
@@ -698,6 +786,9 @@ impl ConnectionActor {
                 };
                 ctx.spawn(fut.into_actor(self).map(|queued, act, ctx| {
                     if queued {
+                        // The scanner set this session's room to 0 when the
+                        // claim settled: always tell it the real room now.
+                        act.last_reported_room = None;
                         act.report_demand();
                     } else {
                         ctx.stop();
@@ -750,12 +841,17 @@ fn history_message(earliest: u64) -> String {
 }
 
 enum Revalidation {
-    Ok { enabled: bool },
+    Ok {
+        enabled: bool,
+    },
     Revoked,
+    /// The credential no longer holds `events:consume`.
+    Denied,
     OutOfScope,
 }
 
-/// Re-checks the credential and the subscription scope (on ping).
+/// Re-checks the credential (revoked, `events:consume`) and the
+/// subscription scope (on ping; protocol.md §3).
 async fn revalidate(
     db: &store::Database,
     credential_id: &crate::domain::CredentialId,
@@ -764,6 +860,9 @@ async fn revalidate(
     let Some(principal) = store::tenancy::principal_by_id(db.reader(), credential_id).await? else {
         return Ok(Revalidation::Revoked);
     };
+    if !principal.permissions.contains(Permission::EventsConsume) {
+        return Ok(Revalidation::Denied);
+    }
     match store::subscriptions::get_owned(db.reader(), &principal, subscription_id.as_str()).await {
         Ok(sub) => Ok(Revalidation::Ok {
             enabled: sub.enabled,
@@ -782,6 +881,13 @@ impl Actor for ConnectionActor {
         };
         self.start_writer(ctx, session, rx);
         self.start_reader(ctx, stream);
+
+        let shutdown = self.state.shutdown.clone();
+        ctx.spawn(
+            async move { shutdown.begun().await }
+                .into_actor(self)
+                .map(|(), act, ctx| act.drain(ctx)),
+        );
 
         let timing = self.state.settings.timing.clone();
         ctx.run_later(timing.hello_timeout(), |act, ctx| {

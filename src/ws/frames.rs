@@ -74,6 +74,11 @@ pub struct EnvelopeError(pub String);
 /// client type, a 32-hex `message_id`, no `reply_to` or `error`, and no
 /// `session_id` on a hello.
 pub fn parse_envelope(text: &str) -> Result<ClientEnvelope, EnvelopeError> {
+    if !is_object(text) {
+        return Err(EnvelopeError(
+            "invalid frame: a frame is one JSON object".to_owned(),
+        ));
+    }
     let raw: RawEnvelope = strict_json::parse(text.as_bytes())
         .map_err(|e| EnvelopeError(format!("invalid frame: {e}")))?;
     if raw.protocol_version != PROTOCOL_VERSION {
@@ -138,10 +143,14 @@ struct PingBody {}
 
 impl ClientEnvelope {
     fn body_bytes(&self) -> Result<&[u8], Error> {
-        self.body
+        let body = self
+            .body
             .as_deref()
-            .map(|b| b.get().as_bytes())
-            .ok_or_else(|| Error::invalid_argument("body is required"))
+            .ok_or_else(|| Error::invalid_argument("body is required"))?;
+        if !is_object(body.get()) {
+            return Err(Error::invalid_argument("body must be a JSON object"));
+        }
+        Ok(body.get().as_bytes())
     }
 
     /// The hello body; an error here is an `INVALID_ARGUMENT` frame.
@@ -173,6 +182,12 @@ impl ClientEnvelope {
         let _: PingBody = strict_json::parse_checked(self.body_bytes()?).map_err(body_error)?;
         Ok(())
     }
+}
+
+/// serde accepts a JSON array for a struct (fields by position); a frame
+/// and its body must be objects.
+fn is_object(text: &str) -> bool {
+    text.trim_start().starts_with('{')
 }
 
 fn body_error(e: strict_json::StrictJsonError) -> Error {
@@ -347,6 +362,7 @@ mod tests {
             format!(
                 r#"{{"protocol_version":"1","type":"events.ping","message_id":"{MID}","body":{{"a":1,"a":2}}}}"#
             ),
+            format!(r#"["1","events.ping","{MID}",null,null,null,{{}}]"#),
         ] {
             assert!(parse_envelope(&bad).is_err(), "{bad}");
         }
@@ -359,6 +375,7 @@ mod tests {
             format!(r#"{{"subscription_id":"{MID}","capacity":33}}"#),
             format!(r#"{{"subscription_id":"{MID}","capacity":"1"}}"#),
             r#"{"capacity":1}"#.to_owned(),
+            format!(r#"["{MID}",1]"#),
         ] {
             let env = parse_envelope(&hello(&body)).unwrap();
             assert_eq!(

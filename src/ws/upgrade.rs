@@ -17,7 +17,8 @@ use crate::{
 /// Bearer auth (401) with `events:consume` (403), `Origin` in the allow-list
 /// when present (403), the subprotocol offered (426 `PROTOCOL_REQUIRED`),
 /// and a free node connection slot (429 `CAPACITY_EXCEEDED`,
-/// `Retry-After: 1`). No compression extension is negotiated.
+/// `Retry-After: 1`); a node that is shutting down answers 503
+/// `UNAVAILABLE`. No compression extension is negotiated.
 pub async fn connect(
     req: HttpRequest,
     body: web::Payload,
@@ -44,6 +45,12 @@ pub async fn connect(
         return Err(Error::new(
             ErrorCode::ProtocolRequired,
             format!("Sec-WebSocket-Protocol must offer {SUBPROTOCOL}"),
+        ));
+    }
+    if state.shutdown.is_begun() {
+        return Err(Error::new(
+            ErrorCode::Unavailable,
+            "this node is shutting down; connect again (another node, or this one after its restart)",
         ));
     }
     let slot = state

@@ -397,11 +397,22 @@ pub struct WsClient {
 }
 
 impl WsClient {
+    /// Sends a client frame after validating it against `clientFrame` of
+    /// docs/events.schema.json.
     pub async fn send_json(&mut self, frame: Value) {
         self.send_text(&frame.to_string()).await;
     }
 
+    /// Sends a text frame that must be a schema-valid client frame.
     pub async fn send_text(&mut self, text: &str) {
+        let frame: Value = serde_json::from_str(text).expect("a client frame is JSON");
+        assert_frame_valid("clientFrame", &frame);
+        self.send_text_unchecked(text).await;
+    }
+
+    /// Sends a text frame WITHOUT schema validation: only for tests that
+    /// deliberately send invalid frames.
+    pub async fn send_text_unchecked(&mut self, text: &str) {
         self.stream
             .send(Message::text(text))
             .await
@@ -442,9 +453,9 @@ impl WsClient {
             };
             match msg {
                 Message::Text(t) => {
-                    return Some(Received::Frame(
-                        serde_json::from_str(&t).expect("server frame is JSON"),
-                    ));
+                    let frame = serde_json::from_str(&t).expect("server frame is JSON");
+                    assert_frame_valid("serverFrame", &frame);
+                    return Some(Received::Frame(frame));
                 }
                 Message::Close(c) => return Some(Received::Closed(c)),
                 _ => continue,
@@ -557,4 +568,34 @@ pub fn openapi() -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
     serde_json::from_str(&std::fs::read_to_string(path).expect("docs/openapi.json"))
         .expect("docs/openapi.json is JSON")
+}
+
+/// Asserts that `frame` is valid against `#/$defs/{definition}` of
+/// docs/events.schema.json (`clientFrame` or `serverFrame`); every frame the
+/// suite sends or receives passes through here.
+#[track_caller]
+pub fn assert_frame_valid(definition: &str, frame: &Value) {
+    use std::{collections::HashMap, sync::OnceLock};
+    static VALIDATORS: OnceLock<HashMap<&'static str, jsonschema::Validator>> = OnceLock::new();
+    let validators = VALIDATORS.get_or_init(|| {
+        let schema: Value =
+            serde_json::from_str(include_str!("../../docs/events.schema.json")).unwrap();
+        ["clientFrame", "serverFrame"]
+            .into_iter()
+            .map(|def| {
+                let mut root = schema.clone();
+                root["$ref"] = json!(format!("#/$defs/{def}"));
+                (def, jsonschema::validator_for(&root).unwrap())
+            })
+            .collect()
+    });
+    let validator = &validators[definition];
+    let errors: Vec<String> = validator
+        .iter_errors(frame)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "frame does not match {definition} of docs/events.schema.json: {errors:?}\n{frame:#}"
+    );
 }

@@ -1,0 +1,261 @@
+//! protocol.md §4 and delivery-model.md §6 on the wire: lease proofs, late
+//! ACKs, recovery at claim, the attempt budget, and history gaps.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use crate::{helpers::*, protocol_support::*};
+
+fn delivery_id(d: &Value) -> &str {
+    d["body"]["delivery"]["id"].as_str().unwrap()
+}
+
+async fn state_of(app: &TestApp, id: &str, state: &str) -> bool {
+    app.scalar(&format!(
+        "SELECT COUNT(*) FROM deliveries WHERE id = '{id}' AND state = '{state}'"
+    ))
+    .await
+        == 1
+}
+
+/// Waits until the delivery's lease has lapsed by the database clock's
+/// measure (the row keeps saying LEASED: reads never change state).
+async fn wait_for_lapse(app: &TestApp, id: &str) {
+    let now = || orbit_events::domain::now().micros();
+    wait_until("the lease lapsed", || async move {
+        app.scalar(&format!(
+            "SELECT COUNT(*) FROM deliveries WHERE id = '{id}' AND state = 'LEASED' AND lease_until < {}",
+            now()
+        ))
+        .await
+            == 1
+    })
+    .await;
+}
+
+#[actix_web::test]
+async fn a_late_ack_after_the_lease_lapsed_is_accepted_while_no_newer_epoch_exists() {
+    let (app, cred, sub, mut ws) = bound_session(|s| s.timing.lease_ms = 300, 1).await;
+    publish_one(&app, &cred, "task.succeeded").await;
+    let d = ws.delivery().await;
+    // Paused: no claim can lease it again (and so no newer epoch appears).
+    set_enabled(&app, &sub, false).await;
+    wait_for_lapse(&app, delivery_id(&d)).await;
+
+    let ok = ws.ack(&d).await;
+    assert_eq!(ok["type"], "ack", "{ok:#}");
+    assert_eq!(ok["body"]["epoch"], "1");
+    assert_eq!(ok["body"]["deduplicated"], false);
+    assert!(state_of(&app, delivery_id(&d), "ACKED").await);
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn an_ack_from_a_new_connection_with_the_proof_of_a_closed_one_is_accepted() {
+    let (app, cred, sub, mut old) = bound_session(|_| {}, 1).await;
+    publish_one(&app, &cred, "task.cancelled").await;
+    let d = old.delivery().await;
+    drop(old);
+
+    let mut new = app.bind(&cred.token, &sub, 1).await;
+    assert_ne!(new.session_id, None);
+    let ok = new.ack(&d).await;
+    assert_eq!(ok["type"], "ack", "{ok:#}");
+    assert_eq!(ok["body"]["deduplicated"], false);
+    assert_eq!(ok["body"]["delivery_id"], delivery_id(&d));
+    assert_eq!(ok["body"]["event_id"], d["body"]["event"]["id"]);
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_wrong_secret_or_a_never_leased_epoch_gets_delivery_lease_lost_and_the_connection_stays()
+{
+    let (app, cred, _, mut ws) = bound_session(|_| {}, 1).await;
+    publish_one(&app, &cred, "task.failed").await;
+    let d = ws.delivery().await;
+    let secret = d["body"]["lease_secret"].as_str().unwrap();
+    // A well-formed secret that is not this lease's.
+    let mut chars = secret.chars();
+    let first = chars.next().unwrap();
+    let other = format!("{}{}", if first == 'A' { 'B' } else { 'A' }, chars.as_str());
+    for (epoch, secret) in [("1", other.as_str()), ("2", secret), ("0", secret)] {
+        let reply = ws.ack_proof(delivery_id(&d), epoch, secret).await;
+        assert_error_frame(&reply, "DELIVERY_LEASE_LOST");
+        assert!(reply["reply_to"].is_string());
+        assert_eq!(reply["session_id"], ws.session_id.as_deref().unwrap());
+    }
+    ping_expect_ack(&mut ws).await;
+    assert!(state_of(&app, delivery_id(&d), "LEASED").await);
+    let ok = ws.ack(&d).await;
+    assert_eq!(ok["body"]["deduplicated"], false, "{ok:#}");
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn an_expired_lease_is_recovered_by_the_next_claim_and_offered_again_with_revision_4_and_epoch_2()
+ {
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 1_000, 1).await;
+    publish_one(&app, &cred, "task.succeeded").await;
+    let first = ws.delivery().await;
+    let f = &first["body"]["delivery"];
+    assert_eq!(
+        (&f["revision"], &f["lease_epoch"], &f["attempts"]),
+        (&json!("2"), &json!("1"), &json!(1))
+    );
+    let again = ws.delivery().await;
+    let a = &again["body"]["delivery"];
+    assert_eq!(a["id"], f["id"]);
+    // materialized 1, leased 2, recovered to PENDING 3, leased again 4
+    assert_eq!(a["revision"], "4");
+    assert_eq!(a["lease_epoch"], "2");
+    assert_eq!(a["attempts"], 2);
+    assert_eq!(a["state"], "LEASED");
+    // A recovered delivery becomes available when its lease ended.
+    assert_eq!(a["available_at"], f["lease_until"]);
+    assert_ne!(again["body"]["lease_secret"], first["body"]["lease_secret"]);
+    let ok = ws.ack(&again).await;
+    assert_eq!(ok["body"]["epoch"], "2", "{ok:#}");
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_delivery_that_used_its_attempt_budget_becomes_expired_and_a_late_ack_still_acknowledges_it()
+ {
+    let app = spawn_app_with(|s| s.timing.lease_ms = 300).await;
+    let cred = app.bootstrap().await;
+    let sub = app
+        .subscribe(&cred, json!({ "from_sequence": "0", "max_attempts": 1 }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    publish_one(&app, &cred, "task.needs_review").await;
+    let d = ws.delivery().await;
+    assert_eq!(d["body"]["delivery"]["attempt_budget"], 1);
+    // The next claim (the session has room again once the lease lapses)
+    // recovers the lease to EXPIRED instead of offering it again.
+    let id = delivery_id(&d).to_owned();
+    let app_ref = &app;
+    let id_ref = id.as_str();
+    wait_until("the delivery is EXPIRED", || async move {
+        state_of(app_ref, id_ref, "EXPIRED").await
+    })
+    .await;
+    assert!(
+        ws.delivery_within(Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT revision FROM deliveries WHERE id = '{id}'"
+        ))
+        .await,
+        3
+    );
+
+    let ok = ws.ack(&d).await;
+    assert_eq!(ok["type"], "ack", "{ok:#}");
+    assert_eq!(ok["body"]["deduplicated"], false);
+    assert!(state_of(&app, &id, "ACKED").await);
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_hello_behind_the_retention_floor_gets_event_history_expired_naming_the_earliest_sequence_and_closes_with_1008()
+ {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = subscription(&app, &cred).await;
+    publish_n(&app, &cred, 3, "task.succeeded").await;
+    purge_through(&app, &cred, 2).await;
+
+    let mut ws = app.connect(&cred.token).await;
+    let hello = ws.envelope(
+        "events.hello",
+        json!({"subscription_id": sub, "capacity": 1}),
+    );
+    let id = hello["message_id"].clone();
+    ws.send_json(hello).await;
+    let err = expect_error_then_close(
+        &mut ws,
+        "EVENT_HISTORY_EXPIRED",
+        Some(&id),
+        CloseCode::Policy,
+    )
+    .await;
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("earliest available sequence is 3"),
+        "{err:#}"
+    );
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM event_sessions").await, 0);
+}
+
+#[actix_web::test]
+async fn a_history_gap_found_by_a_claim_is_reported_without_reply_to_and_closes_with_1008_never_jumping_to_the_head()
+ {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    // max_pending 1: the cursor stops behind the first unacknowledged event.
+    let sub = app
+        .subscribe(&cred, json!({ "from_sequence": "0", "max_pending": 1 }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = app.bind(&cred.token, &sub, 1).await;
+    publish_n(&app, &cred, 4, "task.failed").await;
+    let d = ws.delivery().await;
+    assert_eq!(d["body"]["event"]["sequence"], "1");
+    purge_through(&app, &cred, 3).await;
+
+    // The ACK frees room; materialization finds the gap.
+    let ok = ws.ack(&d).await;
+    assert_eq!(ok["type"], "ack", "{ok:#}");
+    let err =
+        expect_error_then_close(&mut ws, "EVENT_HISTORY_EXPIRED", None, CloseCode::Policy).await;
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("earliest available sequence is 4"),
+        "{err:#}"
+    );
+    assert_eq!(err["session_id"], ws.session_id.as_deref().unwrap());
+    let res = app
+        .get(&format!("/v1/subscriptions/{sub}"), &cred.token)
+        .await;
+    assert_eq!(
+        res.data()["cursor_sequence"],
+        "1",
+        "never silently advanced"
+    );
+    app.assert_invariants().await;
+}
+
+/// Purges the queue's log through `floor` as retention would: the events
+/// go and the retention floor rises.
+async fn purge_through(app: &TestApp, cred: &Cred, floor: u64) {
+    execute(
+        app,
+        &format!(
+            "DELETE FROM result_events WHERE queue_id = '{}' AND sequence <= {floor}",
+            cred.queue_id
+        ),
+    )
+    .await;
+    execute(
+        app,
+        &format!(
+            "UPDATE queues SET retention_floor = {floor} WHERE id = '{}'",
+            cred.queue_id
+        ),
+    )
+    .await;
+}
