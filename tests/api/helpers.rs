@@ -551,3 +551,50 @@ impl WsClient {
         }
     }
 }
+
+/// Opens a WebSocket with the subprotocol and the token to the node
+/// listening on `port` (an in-process node or a server process).
+pub async fn ws_connect(port: u16, token: &str) -> WsClient {
+    let mut req = format!("ws://127.0.0.1:{port}/v1/events/connect")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static("orbit.events.v1"),
+    );
+    req.headers_mut().insert(
+        "Authorization",
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    let (stream, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("ws connect");
+    WsClient {
+        stream,
+        session_id: None,
+        pending: Default::default(),
+    }
+}
+
+/// Connects to the node on `port` and binds a session to `subscription_id`.
+pub async fn ws_bind(port: u16, token: &str, subscription_id: &str, capacity: u32) -> WsClient {
+    let mut ws = ws_connect(port, token).await;
+    let welcome = ws.hello(subscription_id, capacity).await;
+    assert_eq!(welcome["type"], "events.welcome", "{welcome:#}");
+    ws
+}
+
+/// True (after printing why) when the test needs PostgreSQL and this run
+/// is on SQLite. The line goes straight to stderr, past the test harness's
+/// capture, so every run shows what it skipped (`scripts/test` counts them).
+pub fn skip_unless_postgres(test: &str) -> bool {
+    use std::io::Write;
+    if backend_name() == "postgres" {
+        return false;
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped {test}: needs PostgreSQL (set ORBIT_TEST_DATABASE_URL or run ./scripts/test)"
+    );
+    true
+}
