@@ -60,7 +60,8 @@ impl Node {
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Drains the log for the life of the process (a full pipe would
-        // block it); warnings and errors are shown with the node's number.
+        // block it); warnings, errors and the exit message are shown with
+        // the node's number.
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -73,7 +74,10 @@ impl Node {
                     if let (Some(tx), Some(port)) = (tx.take(), port) {
                         let _ = tx.send(port);
                     }
-                } else if line.contains("WARN") || line.contains("ERROR") {
+                } else if line.contains("WARN")
+                    || line.contains("ERROR")
+                    || line.starts_with("orbit-events:")
+                {
                     eprintln!("[node {}] {line}", index + 1);
                 }
             }
@@ -735,4 +739,24 @@ async fn strings(app: &TestApp, sql: &str) -> Vec<String> {
         .iter()
         .map(|row| row.try_get_by_index::<String>(0).unwrap())
         .collect()
+}
+
+#[actix_web::test]
+async fn three_nodes_started_at_once_on_a_fresh_database_all_migrate_it_and_serve() {
+    if skip_unless_postgres("multinode::nodes_started_at_once_migrate") {
+        return;
+    }
+    let _one_at_a_time = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = fresh_database_url(&dir).await;
+    let nodes = futures_util::future::join_all((0..3).map(|i| Node::start(i, &url, &[]))).await;
+    let http = reqwest::Client::new();
+    for node in &nodes {
+        let res = http
+            .get(format!("http://127.0.0.1:{}/readyz", node.port))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
 }
