@@ -16,7 +16,7 @@
 use std::{
     collections::HashSet,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use actix::Addr;
@@ -126,14 +126,39 @@ pub async fn notify<C: ConnectionTrait>(
 /// that arrive while a statement runs are merged, so a burst of N appends
 /// to one queue costs one or two notifications, not N; memory is bounded by
 /// the number of distinct queues and subscriptions.
+///
+/// Journal wakes leave at once (they carry the publish→deliver latency).
+/// Subscription wakes (every ACK sends one) leave at most once per
+/// [`SUBSCRIPTION_WAKE_INTERVAL`], so a busy subscription does not make
+/// every other node run a scan round per ACK.
 #[derive(Clone)]
 pub struct Announcer {
     shared: Arc<Shared>,
 }
 
+/// The shortest gap between two NOTIFYs carrying subscription wakes.
+pub const SUBSCRIPTION_WAKE_INTERVAL: Duration = Duration::from_millis(100);
+
 struct Shared {
     pending: Mutex<HashSet<Wake>>,
     ready: Notify,
+}
+
+impl Shared {
+    /// Takes the journal wakes, and the subscription wakes too when
+    /// `subscriptions_due`; also says whether subscription wakes remain.
+    fn take(&self, subscriptions_due: bool) -> Option<(Vec<Wake>, bool)> {
+        let mut pending = self.pending.lock().ok()?;
+        let mut batch = Vec::new();
+        pending.retain(|w| {
+            let due = subscriptions_due || matches!(w, Wake::Journal(_));
+            if due {
+                batch.push(w.clone());
+            }
+            !due
+        });
+        Some((batch, !pending.is_empty()))
+    }
 }
 
 impl Announcer {
@@ -157,24 +182,32 @@ impl Announcer {
 }
 
 async fn send_forever(db: Database, node_id: NodeId, shared: Arc<Shared>) {
+    let mut subscriptions_after = Instant::now();
     loop {
-        shared.ready.notified().await;
-        loop {
-            let batch: Vec<Wake> = match shared.pending.lock() {
-                Ok(mut pending) => pending.drain().collect(),
-                Err(_) => return,
-            };
-            if batch.is_empty() {
-                break;
+        let Some((batch, held_back)) = shared.take(Instant::now() >= subscriptions_after) else {
+            return;
+        };
+        if batch.is_empty() {
+            if held_back {
+                tokio::select! {
+                    _ = shared.ready.notified() => {}
+                    _ = tokio::time::sleep_until(subscriptions_after.into()) => {}
+                }
+            } else {
+                shared.ready.notified().await;
             }
-            // A reader connection in autocommit: the statement is its own
-            // transaction, independent of any append.
-            if let Err(err) = notify(db.reader(), &batch, Some(&node_id)).await {
-                // Other nodes fall back to their poll; do not hammer a
-                // database that is down.
-                tracing::warn!(error = %err, wakes = batch.len(), "NOTIFY failed");
-                tokio::time::sleep(BACKOFF_MIN).await;
-            }
+            continue;
+        }
+        if batch.iter().any(|w| matches!(w, Wake::Subscription(_))) {
+            subscriptions_after = Instant::now() + SUBSCRIPTION_WAKE_INTERVAL;
+        }
+        // A reader connection in autocommit: the statement is its own
+        // transaction, independent of any append.
+        if let Err(err) = notify(db.reader(), &batch, Some(&node_id)).await {
+            // Other nodes fall back to their poll; do not hammer a
+            // database that is down.
+            tracing::warn!(error = %err, wakes = batch.len(), "NOTIFY failed");
+            tokio::time::sleep(BACKOFF_MIN).await;
         }
     }
 }
@@ -274,6 +307,27 @@ fn dispatch(notification: &PgNotification, node_id: &NodeId, scanner: &Addr<Scan
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subscription_wakes_wait_for_their_turn_while_journal_wakes_leave_at_once() {
+        let shared = Shared {
+            pending: Mutex::new(HashSet::new()),
+            ready: Notify::new(),
+        };
+        let (q, s) = (QueueId::generate(), SubscriptionId::generate());
+        shared
+            .pending
+            .lock()
+            .unwrap()
+            .extend([Wake::Journal(q.clone()), Wake::Subscription(s.clone())]);
+        assert_eq!(shared.take(false), Some((vec![Wake::Journal(q)], true)));
+        assert_eq!(shared.take(false), Some((vec![], true)));
+        assert_eq!(
+            shared.take(true),
+            Some((vec![Wake::Subscription(s)], false))
+        );
+        assert_eq!(shared.take(true), Some((vec![], false)));
+    }
 
     #[test]
     fn payloads_round_trip_and_malformed_ones_are_refused() {

@@ -20,7 +20,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use orbit_events::domain::{Timestamp, random_hex_id};
+use orbit_events::{
+    delivery::listener::{CHANNEL, SUBSCRIPTION_WAKE_INTERVAL},
+    domain::{Timestamp, random_hex_id},
+};
+use sea_orm::sqlx::postgres::PgListener;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -445,6 +449,22 @@ async fn three_nodes_on_one_database_deliver_and_ack_all_5000_results_published_
     let stop = Arc::new(AtomicBool::new(false));
     let consumers = start_consumers(&cluster, &[0, 1, 2], 2, &cred, &sub_id, &stop).await;
 
+    // Counts the wakes the nodes send each other during the run.
+    let mut listener = PgListener::connect(&app.settings.database.url)
+        .await
+        .unwrap();
+    listener.listen(CHANNEL).await.unwrap();
+    let counts = Arc::new(std::sync::Mutex::new(HashMap::<String, usize>::new()));
+    let counting = {
+        let counts = counts.clone();
+        tokio::spawn(async move {
+            while let Ok(n) = listener.recv().await {
+                let kind = n.payload().split(' ').next().unwrap_or("").to_owned();
+                *counts.lock().unwrap().entry(kind).or_default() += 1;
+            }
+        })
+    };
+
     let started = Instant::now();
     let published = publish_5000(&cluster, &cred, |_| {}).await;
     let published_in = started.elapsed();
@@ -501,9 +521,19 @@ async fn three_nodes_on_one_database_deliver_and_ack_all_5000_results_published_
         assert!(*n > 0, "node {} delivered nothing", node + 1);
     }
 
+    counting.abort();
+    let counts = counts.lock().unwrap().clone();
+    // At most one journal wake per append; subscription wakes (one per ACK
+    // before coalescing) at most one per node per 100 ms.
+    let count = |kind: &str| counts.get(kind).copied().unwrap_or(0);
+    let (journal, subscription) = (count("journal"), count("subscription"));
+    let ticks = (elapsed.as_millis() / SUBSCRIPTION_WAKE_INTERVAL.as_millis()) as usize;
+    assert!(journal <= 500, "{counts:?}");
+    assert!(subscription <= 3 * (ticks + 10), "{counts:?} in {elapsed:?}");
     println!(
         "3 nodes, 6 consumers of capacity 8: 5000 results published in {published_in:?}, \
-         all ACKed after {elapsed:?}; deliveries per node {per_node:?}"
+         all ACKed after {elapsed:?}; deliveries per node {per_node:?}; notifications: \
+         {journal} journal (500 appends), {subscription} subscription (5000 ACKs)"
     );
     app.assert_invariants().await;
 }
