@@ -529,7 +529,10 @@ async fn three_nodes_on_one_database_deliver_and_ack_all_5000_results_published_
     let (journal, subscription) = (count("journal"), count("subscription"));
     let ticks = (elapsed.as_millis() / SUBSCRIPTION_WAKE_INTERVAL.as_millis()) as usize;
     assert!(journal <= 500, "{counts:?}");
-    assert!(subscription <= 3 * (ticks + 10), "{counts:?} in {elapsed:?}");
+    assert!(
+        subscription <= 3 * (ticks + 10),
+        "{counts:?} in {elapsed:?}"
+    );
     println!(
         "3 nodes, 6 consumers of capacity 8: 5000 results published in {published_in:?}, \
          all ACKed after {elapsed:?}; deliveries per node {per_node:?}; notifications: \
