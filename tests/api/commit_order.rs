@@ -142,11 +142,11 @@ async fn eight_concurrent_appenders_on_one_queue_commit_in_sequence_order_so_no_
         distinct_heads >= 10,
         "the reader saw only {distinct_heads} distinct heads in {snapshots} snapshots"
     );
-    println!(
+    report(&format!(
         "{} appends of {total} results by {APPENDERS} appenders; {snapshots} snapshots, \
          {distinct_heads} distinct heads, no gap seen ({})",
         APPENDERS * TRANSACTIONS_PER_APPENDER,
         backend_name()
-    );
+    ));
     app.assert_invariants().await;
 }

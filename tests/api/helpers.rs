@@ -588,13 +588,18 @@ pub async fn ws_bind(port: u16, token: &str, subscription_id: &str, capacity: u3
 /// is on SQLite. The line goes straight to stderr, past the test harness's
 /// capture, so every run shows what it skipped (`scripts/test` counts them).
 pub fn skip_unless_postgres(test: &str) -> bool {
-    use std::io::Write;
     if backend_name() == "postgres" {
         return false;
     }
-    let _ = writeln!(
-        std::io::stderr(),
+    report(&format!(
         "skipped {test}: needs PostgreSQL (set ORBIT_TEST_DATABASE_URL or run ./scripts/test)"
-    );
+    ));
     true
+}
+
+/// Writes one line straight to stderr, past the test harness's capture, so
+/// that a figure a test measured shows in every run's log.
+pub fn report(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }

@@ -533,11 +533,11 @@ async fn three_nodes_on_one_database_deliver_and_ack_all_5000_results_published_
         subscription <= 3 * (ticks + 10),
         "{counts:?} in {elapsed:?}"
     );
-    println!(
+    report(&format!(
         "3 nodes, 6 consumers of capacity 8: 5000 results published in {published_in:?}, \
          all ACKed after {elapsed:?}; deliveries per node {per_node:?}; notifications: \
          {journal} journal (500 appends), {subscription} subscription (5000 ACKs)"
-    );
+    ));
     app.assert_invariants().await;
 }
 
@@ -600,11 +600,11 @@ async fn an_append_on_node_1_reaches_a_consumer_on_node_3_through_notify_long_be
     }
     latencies.sort();
     let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
-    println!(
+    report(&format!(
         "publish on node 1 → event.deliver on node 3 (scan interval 600 s, NOTIFY only): \
          {PROBES} probes, p50 {p50:?}, p99 {p99:?}, max {:?}",
         latencies[PROBES - 1]
-    );
+    ));
     // A generous bound: the fallback poll would take ten minutes.
     assert!(p99 < Duration::from_secs(2), "p99 {p99:?}");
 
@@ -749,14 +749,14 @@ async fn a_node_killed_with_sigkill_mid_run_loses_nothing_its_leases_are_redeliv
             .map(|d| d.at)
             .fold(last_redelivery, Instant::max);
     }
-    println!(
+    report(&format!(
         "node 2 SIGKILLed {:?} into the run holding {} leases; all redelivered by nodes 1 and 3 \
          within {:?} of the kill (lease {lease:?}); {redeliveries} redeliveries in all; \
          5000 results ACKed after {elapsed:?}",
         killed_at.duration_since(started),
         held_on_node_2.len(),
         last_redelivery.duration_since(killed_at),
-    );
+    ));
     app.assert_invariants().await;
 }
 
