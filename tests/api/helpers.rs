@@ -584,15 +584,18 @@ pub async fn ws_bind(port: u16, token: &str, subscription_id: &str, capacity: u3
     ws
 }
 
-/// True (after printing why) when the test needs PostgreSQL and this run
-/// is on SQLite. The line goes straight to stderr, past the test harness's
+/// True (after printing which test skips and why) when the test needs
+/// PostgreSQL and this run is on SQLite. The line goes straight to stderr, past the test harness's
 /// capture, so every run shows what it skipped (`scripts/test` counts them).
-pub fn skip_unless_postgres(test: &str) -> bool {
+pub fn skip_unless_postgres() -> bool {
     if backend_name() == "postgres" {
         return false;
     }
+    // The test harness names each test's thread after the test.
+    let thread = std::thread::current();
     report(&format!(
-        "skipped {test}: needs PostgreSQL (set ORBIT_TEST_DATABASE_URL or run ./scripts/test)"
+        "skipped {}: needs PostgreSQL (set ORBIT_TEST_DATABASE_URL or run ./scripts/test)",
+        thread.name().unwrap_or("a test")
     ));
     true
 }

@@ -62,6 +62,11 @@ impl Node {
         }
         let mut child = cmd.spawn().expect("start orbit-events serve");
         let stderr = child.stderr.take().unwrap();
+        // Owned by a Node at once, so that a panic below kills the process.
+        let mut node = Node {
+            port: 0,
+            child: std::sync::Mutex::new(child),
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Drains the log for the life of the process (a full pipe would
         // block it); warnings, errors and the exit message are shown with
@@ -86,14 +91,11 @@ impl Node {
                 }
             }
         });
-        let port = tokio::time::timeout(DEADLINE, rx)
+        node.port = tokio::time::timeout(DEADLINE, rx)
             .await
             .expect("node did not start listening within the deadline")
             .expect("node exited before listening");
-        Node {
-            port,
-            child: std::sync::Mutex::new(child),
-        }
+        node
     }
 
     /// SIGKILL (`Child::kill`): no shutdown code runs.
@@ -432,7 +434,7 @@ async fn start_consumers(
 #[actix_web::test]
 async fn three_nodes_on_one_database_deliver_and_ack_all_5000_results_published_through_all_of_them_leasing_each_once()
  {
-    if skip_unless_postgres("multinode::three_nodes_deliver_5000") {
+    if skip_unless_postgres() {
         return;
     }
     let _one_at_a_time = CLUSTER.lock().await;
@@ -544,7 +546,7 @@ async fn three_nodes_on_one_database_deliver_and_ack_all_5000_results_published_
 #[actix_web::test]
 async fn an_append_on_node_1_reaches_a_consumer_on_node_3_through_notify_long_before_the_fallback_poll()
  {
-    if skip_unless_postgres("multinode::notify_wakes_node_3") {
+    if skip_unless_postgres() {
         return;
     }
     let _one_at_a_time = CLUSTER.lock().await;
@@ -639,7 +641,7 @@ async fn an_append_on_node_1_reaches_a_consumer_on_node_3_through_notify_long_be
 #[actix_web::test]
 async fn a_node_killed_with_sigkill_mid_run_loses_nothing_its_leases_are_redelivered_by_the_others_after_the_lease()
  {
-    if skip_unless_postgres("multinode::sigkill_loses_nothing") {
+    if skip_unless_postgres() {
         return;
     }
     let _one_at_a_time = CLUSTER.lock().await;
@@ -776,7 +778,7 @@ async fn strings(app: &TestApp, sql: &str) -> Vec<String> {
 
 #[actix_web::test]
 async fn three_nodes_started_at_once_on_a_fresh_database_all_migrate_it_and_serve() {
-    if skip_unless_postgres("multinode::nodes_started_at_once_migrate") {
+    if skip_unless_postgres() {
         return;
     }
     let _one_at_a_time = CLUSTER.lock().await;

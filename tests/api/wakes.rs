@@ -48,7 +48,7 @@ async fn next_payload(listener: &mut PgListener, prefix: &str) -> String {
 
 #[actix_web::test]
 async fn a_node_announces_each_append_and_each_ack_on_the_orbit_events_channel_with_its_node_id() {
-    if skip_unless_postgres("wakes::announces_appends_and_acks") {
+    if skip_unless_postgres() {
         return;
     }
     let app = spawn_app_with(|s| s.timing.scan_interval_ms = NO_POLL).await;
@@ -79,7 +79,7 @@ async fn a_node_announces_each_append_and_each_ack_on_the_orbit_events_channel_w
 
 #[actix_web::test]
 async fn an_append_through_one_node_wakes_a_consumer_on_another_node_without_the_poll() {
-    if skip_unless_postgres("wakes::append_wakes_other_node") {
+    if skip_unless_postgres() {
         return;
     }
     let a = spawn_app_with(|s| s.timing.scan_interval_ms = NO_POLL).await;
@@ -99,7 +99,7 @@ async fn an_append_through_one_node_wakes_a_consumer_on_another_node_without_the
 
 #[actix_web::test]
 async fn an_outbox_append_in_a_callers_own_transaction_reaches_consumers_after_notify_appended() {
-    if skip_unless_postgres("wakes::outbox_notify_appended") {
+    if skip_unless_postgres() {
         return;
     }
     let app = spawn_app_with(|s| s.timing.scan_interval_ms = NO_POLL).await;
@@ -144,7 +144,7 @@ async fn an_outbox_append_in_a_callers_own_transaction_reaches_consumers_after_n
 #[actix_web::test]
 async fn a_subscription_wake_from_another_node_makes_a_node_reclaim_a_lapsed_lease_without_the_poll()
  {
-    if skip_unless_postgres("wakes::subscription_wake_reclaims") {
+    if skip_unless_postgres() {
         return;
     }
     let app = spawn_app_with(|s| {
@@ -201,7 +201,7 @@ async fn a_subscription_wake_from_another_node_makes_a_node_reclaim_a_lapsed_lea
 #[actix_web::test]
 async fn a_node_whose_listen_connection_is_cut_listens_again_and_is_woken_by_the_next_append_elsewhere()
  {
-    if skip_unless_postgres("wakes::listener_reconnects") {
+    if skip_unless_postgres() {
         return;
     }
     let a = spawn_app_with(|s| s.timing.scan_interval_ms = NO_POLL).await;
