@@ -15,7 +15,10 @@ use sea_orm::{
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::domain::{EventId, QueueId, ResultType, Timestamp};
+use crate::{
+    delivery::listener::Wake,
+    domain::{EventId, QueueId, ResultType, Timestamp},
+};
 
 /// One result to append, already validated at the edge.
 #[derive(Debug, Clone)]
@@ -58,9 +61,17 @@ impl LogPosition {
 
 /// Appends `results` to `queue_id`'s log inside the caller's transaction:
 /// lock the queue's counter row (`head += n`), then insert the events with
-/// sequences `old_head+1 ..= old_head+n`. The row lock makes commit order
-/// equal sequence order. Usable inside any caller's transaction (the
-/// transactional-outbox case); the caller wakes the scanner after commit.
+/// sequences `old_head+1 ..= old_head+n`. The row lock, held until the
+/// caller commits, makes commit order equal sequence order: a reader never
+/// sees a sequence while a lower one is still invisible.
+///
+/// Usable inside any caller's transaction (the transactional-outbox case).
+/// It sends no wake itself, so the transaction takes no lock beyond the
+/// counter row; after commit the caller wakes the scanner: inside a node
+/// with [`crate::delivery::scanner::JournalAppended`] (which the scanner
+/// also announces to the other nodes), outside a node with
+/// [`notify_appended`]. Without a wake the fallback poll still finds the
+/// entries.
 ///
 /// Returns the new events' ids and sequences in order, or `Ok(None)` when
 /// the queue does not exist.
@@ -111,6 +122,20 @@ pub async fn append<C: ConnectionTrait>(
         .exec_without_returning(conn)
         .await?;
     Ok(Some(out))
+}
+
+/// Wakes the scanners of every node for `queue_id` (PostgreSQL `NOTIFY`;
+/// nothing on SQLite, which runs one node), for appenders outside a node,
+/// e.g. a task system using [`append`] in its own transaction. Call it
+/// after the commit on any connection; called inside the transaction
+/// instead, PostgreSQL sends it at commit and drops it on rollback, at the
+/// price of its notification lock (one for the whole server: every
+/// notifying commit waits for the others) held through that commit.
+pub async fn notify_appended<C: ConnectionTrait>(
+    conn: &C,
+    queue_id: &QueueId,
+) -> Result<(), DbErr> {
+    crate::delivery::listener::notify(conn, &[Wake::Journal(queue_id.clone())], None).await
 }
 
 /// Head and floor of a queue's log, as this connection sees them.

@@ -14,11 +14,13 @@ use actix_web::{
     middleware::from_fn,
     web,
 };
+use sea_orm::DbBackend;
 use tokio::sync::watch;
 
 use crate::{
     config::Settings,
     delivery::{
+        listener::{self, Announcer},
         pool::{GetPoolStats, LeasePoolActor, PoolLimits},
         scanner::ScannerActor,
     },
@@ -56,7 +58,8 @@ pub struct Application {
 
 impl Application {
     /// Connects and migrates the database, starts the lease pool and the
-    /// scanner on their own arbiter, and binds `server.listen`.
+    /// scanner on their own arbiter (on PostgreSQL also the cross-node
+    /// NOTIFY sender and LISTENer), and binds `server.listen`.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
         let db = Database::connect(&settings.database).await?;
         db.migrate().await?;
@@ -87,14 +90,33 @@ impl Application {
             LeasePoolActor::start_in_arbiter(&delivery.handle(), move |_| {
                 LeasePoolActor::new(pool_db, pool_limits, lease)
             });
+        // Several nodes share one database only on PostgreSQL: there, local
+        // wakes are NOTIFYed to the other nodes and theirs are LISTENed for.
+        let shared = db.backend() == DbBackend::Postgres;
+        let announcer =
+            shared.then(|| Announcer::start(db.clone(), node_id.clone(), &delivery.handle()));
         let scanner_db = db.clone();
         let scanner_pool = pool.clone();
         let per_round = limits.claims_per_scan_round;
         let scan_interval = settings.timing.scan_interval();
         let scanner: Addr<ScannerActor> =
             ScannerActor::start_in_arbiter(&delivery.handle(), move |_| {
-                ScannerActor::new(scanner_db, scanner_pool, per_round, scan_interval)
+                ScannerActor::new(
+                    scanner_db,
+                    scanner_pool,
+                    per_round,
+                    scan_interval,
+                    announcer,
+                )
             });
+        if shared {
+            listener::start_listener(
+                settings.database.url.clone(),
+                node_id.clone(),
+                scanner.clone(),
+                &delivery.handle(),
+            );
+        }
 
         let state = AppState {
             db,

@@ -4,7 +4,9 @@
 //! (spec: architecture.md §1, delivery-model.md §5).
 //!
 //! Wakes: journal append (in-process, or NOTIFY from another node), ACK,
-//! resume or retry, a new session, and the fallback timer. Database work
+//! resume or retry, a new session, and the fallback timer. Local journal
+//! and subscription wakes are also announced to the other nodes on
+//! PostgreSQL ([`crate::delivery::listener`]). Database work
 //! runs as futures off the connection actors, so a slow round never delays
 //! a ping reply.
 
@@ -16,7 +18,10 @@ use std::{
 use actix::prelude::*;
 
 use crate::{
-    delivery::pool::{ClaimRequest, LeasePoolActor},
+    delivery::{
+        listener::{Announcer, Wake},
+        pool::{ClaimRequest, LeasePoolActor},
+    },
     domain::{ApplicationId, CredentialId, QueueId, SessionId, SubscriptionId},
     store::{
         Database,
@@ -72,6 +77,14 @@ pub struct SubscriptionChanged {
     pub subscription_id: SubscriptionId,
 }
 
+/// Another node announced a wake (PostgreSQL NOTIFY). Unlike the local
+/// messages it also marks the subscriptions as maybe having PENDING rows:
+/// the other node may already have materialized them, so a materialization
+/// here can find nothing new while claims would.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RemoteWake(pub Wake);
+
 /// Every subscription may have work (expired leases recovered in bulk).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -100,6 +113,8 @@ struct SessionEntry {
     capacity: u32,
     room: u32,
     claiming: bool,
+    /// The subscription's `generation` when the running claim was asked for.
+    claim_generation: u64,
     connection: Recipient<ClaimResult>,
 }
 
@@ -110,6 +125,16 @@ struct SubscriptionEntry {
     dirty: bool,
     /// May have available PENDING rows (worth a claim).
     maybe_pending: bool,
+    /// Grows each time `maybe_pending` is set: a claim that started before
+    /// new rows appeared must not clear the flag when it finds none.
+    generation: u64,
+}
+
+impl SubscriptionEntry {
+    fn may_have_pending(&mut self) {
+        self.maybe_pending = true;
+        self.generation += 1;
+    }
 }
 
 /// The scanner actor (one per node).
@@ -118,6 +143,8 @@ pub struct ScannerActor {
     pool: Addr<LeasePoolActor>,
     claims_per_round: usize,
     scan_interval: Duration,
+    /// Other nodes to tell about local wakes (PostgreSQL only).
+    announcer: Option<Announcer>,
     sessions: HashMap<SessionId, SessionEntry>,
     /// Round-robin order of sessions for claim requests.
     order: Vec<SessionId>,
@@ -133,12 +160,14 @@ impl ScannerActor {
         pool: Addr<LeasePoolActor>,
         claims_per_round: usize,
         scan_interval: Duration,
+        announcer: Option<Announcer>,
     ) -> ScannerActor {
         ScannerActor {
             db,
             pool,
             claims_per_round,
             scan_interval,
+            announcer,
             sessions: HashMap::new(),
             order: Vec::new(),
             next: 0,
@@ -202,7 +231,7 @@ impl ScannerActor {
         match result {
             Ok(m) => {
                 if m.inserted > 0 {
-                    sub.maybe_pending = true;
+                    sub.may_have_pending();
                 }
                 if m.more {
                     sub.dirty = true;
@@ -245,14 +274,14 @@ impl ScannerActor {
             let Some(entry) = self.sessions.get_mut(session_id) else {
                 continue;
             };
-            let maybe_pending = self
-                .subscriptions
-                .get(&entry.subscription_id)
-                .is_some_and(|s| s.maybe_pending);
-            if entry.room == 0 || entry.claiming || !maybe_pending {
+            let Some(sub) = self.subscriptions.get(&entry.subscription_id) else {
+                continue;
+            };
+            if entry.room == 0 || entry.claiming || !sub.maybe_pending {
                 continue;
             }
             entry.claiming = true;
+            entry.claim_generation = sub.generation;
             sent += 1;
             self.pool.do_send(ClaimRequest {
                 target: ClaimTarget {
@@ -280,7 +309,7 @@ impl Actor for ScannerActor {
         ctx.run_interval(self.scan_interval, |act, ctx| {
             for sub in act.subscriptions.values_mut() {
                 sub.dirty = true;
-                sub.maybe_pending = true;
+                sub.may_have_pending();
             }
             act.kick(ctx);
         });
@@ -299,10 +328,11 @@ impl Handler<SessionBound> for ScannerActor {
                 sessions: HashSet::new(),
                 dirty: true,
                 maybe_pending: true,
+                generation: 0,
             });
         sub.sessions.insert(msg.session_id.clone());
         sub.dirty = true;
-        sub.maybe_pending = true;
+        sub.may_have_pending();
         self.order.push(msg.session_id.clone());
         self.sessions.insert(
             msg.session_id,
@@ -313,6 +343,7 @@ impl Handler<SessionBound> for ScannerActor {
                 capacity: msg.capacity,
                 room: msg.room,
                 claiming: false,
+                claim_generation: 0,
                 connection: msg.connection,
             },
         );
@@ -356,6 +387,9 @@ impl Handler<JournalAppended> for ScannerActor {
     type Result = ();
 
     fn handle(&mut self, msg: JournalAppended, ctx: &mut Context<Self>) {
+        if let Some(announcer) = &self.announcer {
+            announcer.announce(Wake::Journal(msg.queue_id.clone()));
+        }
         let mut any = false;
         for sub in self.subscriptions.values_mut() {
             if sub.queue_id == msg.queue_id {
@@ -373,9 +407,34 @@ impl Handler<SubscriptionChanged> for ScannerActor {
     type Result = ();
 
     fn handle(&mut self, msg: SubscriptionChanged, ctx: &mut Context<Self>) {
+        if let Some(announcer) = &self.announcer {
+            announcer.announce(Wake::Subscription(msg.subscription_id.clone()));
+        }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
             sub.dirty = true;
-            sub.maybe_pending = true;
+            sub.may_have_pending();
+            self.kick(ctx);
+        }
+    }
+}
+
+impl Handler<RemoteWake> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: RemoteWake, ctx: &mut Context<Self>) {
+        let mut any = false;
+        for (id, sub) in self.subscriptions.iter_mut() {
+            let hit = match &msg.0 {
+                Wake::Journal(queue_id) => &sub.queue_id == queue_id,
+                Wake::Subscription(subscription_id) => id == subscription_id,
+            };
+            if hit {
+                sub.dirty = true;
+                sub.may_have_pending();
+                any = true;
+            }
+        }
+        if any {
             self.kick(ctx);
         }
     }
@@ -387,7 +446,7 @@ impl Handler<WakeAll> for ScannerActor {
     fn handle(&mut self, _: WakeAll, ctx: &mut Context<Self>) {
         for sub in self.subscriptions.values_mut() {
             sub.dirty = true;
-            sub.maybe_pending = true;
+            sub.may_have_pending();
         }
         self.kick(ctx);
     }
@@ -412,9 +471,11 @@ impl Handler<ClaimSettled> for ScannerActor {
             entry.room = 0;
         }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
-            if msg.exhausted {
+            if msg.exhausted && sub.generation == entry.claim_generation {
                 sub.maybe_pending = false;
-            } else if msg.leased > 0 {
+            } else if msg.leased > 0 || msg.exhausted {
+                // Not exhausted, or rows appeared (a materialization here, a
+                // wake from another node) while this claim ran: look again.
                 self.kick(ctx);
             }
         }

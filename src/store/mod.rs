@@ -41,6 +41,8 @@ pub struct Database {
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// PostgreSQL advisory lock key serializing migrations ("orbitev1").
+const MIGRATION_LOCK: i64 = 0x6F72_6269_7465_7631;
 
 impl Database {
     /// Opens the pools for `settings.url`, creating the SQLite file and its
@@ -101,10 +103,23 @@ impl Database {
         })
     }
 
-    /// Applies pending migrations.
+    /// Applies pending migrations. On PostgreSQL they run in one transaction
+    /// holding an advisory lock, so nodes started at once on a fresh
+    /// database take turns (without it all but one failed on a duplicate
+    /// catalog entry) and the later ones find nothing left to do.
     pub async fn migrate(&self) -> Result<(), DbErr> {
         use migration::MigratorTrait;
-        migration::Migrator::up(&self.write, None).await
+        if self.backend != DbBackend::Postgres {
+            return migration::Migrator::up(&self.write, None).await;
+        }
+        let txn = self.write.begin().await?;
+        execute_unprepared(
+            &txn,
+            &format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"),
+        )
+        .await?;
+        migration::Migrator::up(&txn, None).await?;
+        txn.commit().await
     }
 
     /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite).

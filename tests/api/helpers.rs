@@ -599,3 +599,58 @@ pub fn assert_frame_valid(definition: &str, frame: &Value) {
         "frame does not match {definition} of docs/events.schema.json: {errors:?}\n{frame:#}"
     );
 }
+
+/// Opens a WebSocket with the subprotocol and the token to the node
+/// listening on `port` (an in-process node or a server process).
+pub async fn ws_connect(port: u16, token: &str) -> WsClient {
+    let mut req = format!("ws://127.0.0.1:{port}/v1/events/connect")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static("orbit.events.v1"),
+    );
+    req.headers_mut().insert(
+        "Authorization",
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    let (stream, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("ws connect");
+    WsClient {
+        stream,
+        session_id: None,
+        pending: Default::default(),
+    }
+}
+
+/// Connects to the node on `port` and binds a session to `subscription_id`.
+pub async fn ws_bind(port: u16, token: &str, subscription_id: &str, capacity: u32) -> WsClient {
+    let mut ws = ws_connect(port, token).await;
+    let welcome = ws.hello(subscription_id, capacity).await;
+    assert_eq!(welcome["type"], "events.welcome", "{welcome:#}");
+    ws
+}
+
+/// True (after printing which test skips and why) when the test needs
+/// PostgreSQL and this run is on SQLite. The line goes straight to stderr, past the test harness's
+/// capture, so every run shows what it skipped (`scripts/test` counts them).
+pub fn skip_unless_postgres() -> bool {
+    if backend_name() == "postgres" {
+        return false;
+    }
+    // The test harness names each test's thread after the test.
+    let thread = std::thread::current();
+    report(&format!(
+        "skipped {}: needs PostgreSQL (set ORBIT_TEST_DATABASE_URL or run ./scripts/test)",
+        thread.name().unwrap_or("a test")
+    ));
+    true
+}
+
+/// Writes one line straight to stderr, past the test harness's capture, so
+/// that a figure a test measured shows in every run's log.
+pub fn report(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}

@@ -2,6 +2,7 @@
 //! against a real database, over real HTTP and WebSocket frames.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod commit_order;
 mod helpers;
 mod http_common;
 mod http_deliveries;
@@ -11,6 +12,7 @@ mod http_no_change;
 mod http_openapi;
 mod http_subscriptions;
 mod http_support;
+mod multinode;
 mod protocol_envelope;
 mod protocol_failure;
 mod protocol_leases;
@@ -22,3 +24,4 @@ mod protocol_support;
 mod protocol_transcript;
 mod protocol_upgrade;
 mod skeleton;
+mod wakes;
