@@ -67,7 +67,7 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         });
     }
     let queue_id = QueueId::from_db(sub.queue_id.clone());
-    let Some(pos) = journal::position(txn, &queue_id).await? else {
+    let Some(pos) = journal::position_for_materialize(txn, &queue_id).await? else {
         return Ok(Materialized {
             idle: true,
             ..Default::default()
