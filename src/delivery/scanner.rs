@@ -192,7 +192,12 @@ impl ScannerActor {
         }
     }
 
+    /// A wake: claims for sessions already known to have work are asked for
+    /// at once (a ready session never waits for other subscriptions'
+    /// materialization), then a round runs (or runs again after the current
+    /// one).
     fn kick(&mut self, ctx: &mut Context<Self>) {
+        self.enqueue_claims(ctx);
         if self.round_running {
             self.round_again = true;
         } else {
@@ -273,7 +278,8 @@ impl ScannerActor {
         }
     }
 
-    /// Up to `claims_per_round` requests: one per application per pass,
+    /// Up to `claims_per_round` requests (per wake, and per round after its
+    /// materialization): one per application per pass,
     /// round-robin over applications, then over each application's
     /// subscriptions, then over a subscription's sessions. Only sessions
     /// with room, no claim running, and a subscription that may have
