@@ -457,7 +457,10 @@ impl Metrics {
         gauge(&self.connections, pool.connections);
         gauge(&self.claims_waiting, pool.claims_waiting);
         gauge(&self.claims_in_flight, pool.claims_in_flight);
-        gauge(&self.claims_waiting_high_water, pool.max_claims_waiting_seen);
+        gauge(
+            &self.claims_waiting_high_water,
+            pool.max_claims_waiting_seen,
+        );
         gauge(
             &self.claims_in_flight_high_water,
             pool.max_claims_in_flight_seen,

@@ -82,7 +82,10 @@ impl Application {
             // decision 0041.
             let closed = retention::close_foreign_sessions(&db, &node_id, now()).await?;
             if closed > 0 {
-                tracing::info!(sessions = closed, "closed sessions left open by a previous run");
+                tracing::info!(
+                    sessions = closed,
+                    "closed sessions left open by a previous run"
+                );
             }
         }
 
@@ -125,6 +128,7 @@ impl Application {
                 )
             });
         let sweeper_db = db.clone();
+        let sweeper_node = node_id.clone();
         let sweeper_scanner = scanner.clone();
         let sweeper_metrics = metrics.clone();
         let sweep_interval = settings.timing.sweep_interval();
@@ -133,6 +137,7 @@ impl Application {
             SweeperActor::start_in_arbiter(&delivery.handle(), move |_| {
                 SweeperActor::new(
                     sweeper_db,
+                    sweeper_node,
                     sweeper_scanner,
                     sweeper_metrics,
                     sweep_interval,

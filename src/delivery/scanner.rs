@@ -133,6 +133,10 @@ struct SubscriptionEntry {
     sessions: VecDeque<SessionId>,
     /// Needs a materialization pass.
     dirty: bool,
+    /// The last materialization read every entry up to the head: until an
+    /// append (or the timer), an ACK frees room but finds nothing to read,
+    /// so it needs no materialization, only a claim.
+    caught_up: bool,
     /// May have available PENDING rows (worth a claim).
     maybe_pending: bool,
     /// Grows each time `maybe_pending` is set: a claim that started before
@@ -192,12 +196,7 @@ impl ScannerActor {
         }
     }
 
-    /// A wake: claims for sessions already known to have work are asked for
-    /// at once (a ready session never waits for other subscriptions'
-    /// materialization), then a round runs (or runs again after the current
-    /// one).
     fn kick(&mut self, ctx: &mut Context<Self>) {
-        self.enqueue_claims(ctx);
         if self.round_running {
             self.round_again = true;
         } else {
@@ -248,6 +247,7 @@ impl ScannerActor {
         let Some(sub) = self.subscriptions.get_mut(id) else {
             return;
         };
+        sub.caught_up = matches!(&result, Ok(m) if m.caught_up);
         match result {
             Ok(m) => {
                 if m.inserted > 0 {
@@ -278,19 +278,19 @@ impl ScannerActor {
         }
     }
 
-    /// Up to `claims_per_round` requests (per wake, and per round after its
-    /// materialization): one per application per pass,
+    /// Up to `claims_per_round` requests: one per application per pass,
     /// round-robin over applications, then over each application's
     /// subscriptions, then over a subscription's sessions. Only sessions
     /// with room, no claim running, and a subscription that may have
     /// available PENDING rows are asked for.
     fn enqueue_claims(&mut self, ctx: &mut Context<Self>) {
+        let budget = self.claims_per_round;
         let settled = ctx.address().recipient::<ClaimSettled>();
         let mut sent = 0;
-        while sent < self.claims_per_round {
+        while sent < budget {
             let mut any = false;
             for _ in 0..self.app_ring.len() {
-                if sent == self.claims_per_round {
+                if sent == budget {
                     break;
                 }
                 let Some(app) = self.app_ring.pop_front() else {
@@ -396,6 +396,7 @@ impl Handler<SessionBound> for ScannerActor {
                     application_id: app,
                     sessions: VecDeque::new(),
                     dirty: true,
+                    caught_up: false,
                     maybe_pending: true,
                     generation: 0,
                 })
@@ -490,7 +491,7 @@ impl Handler<SubscriptionChanged> for ScannerActor {
             announcer.announce(Wake::Subscription(msg.subscription_id.clone()));
         }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
-            sub.dirty = true;
+            sub.dirty |= !sub.caught_up;
             sub.may_have_pending();
             self.kick(ctx);
         }

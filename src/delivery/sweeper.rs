@@ -13,6 +13,9 @@
 //!   deliveries older than `retention.acked_deliveries_max_age_s`; expired
 //!   idempotency records; sessions closed more than
 //!   `retention.acked_deliveries_max_age_s` ago (decision 0041).
+//! - Sessions left open by a node that died (PostgreSQL): closed when that
+//!   node's listener connection is gone (decision 0041; on SQLite a node
+//!   closes them at start).
 //!
 //! The work runs as one future off the actor (never overlapping itself),
 //! so a slow database delays only the next sweep.
@@ -24,7 +27,7 @@ use actix::prelude::*;
 use crate::{
     config::RetentionSettings,
     delivery::scanner::{ScannerActor, WakeAll},
-    domain::{QueueId, Timestamp, now},
+    domain::{NodeId, QueueId, Timestamp, now},
     metrics::{Metrics, Operation, Outcome, Purged},
     store::{Database, retention},
 };
@@ -36,6 +39,8 @@ const MAX_BATCHES: usize = 20;
 /// What one sweep did (for logs, tests and the metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SweepReport {
+    /// Open sessions of nodes that are gone, now closed (PostgreSQL).
+    pub dead_node_sessions: u64,
     pub leases_to_pending: u64,
     pub leases_expired: u64,
     pub events: u64,
@@ -56,6 +61,7 @@ pub struct SweepNow;
 /// The sweeper actor.
 pub struct SweeperActor {
     db: Database,
+    node_id: NodeId,
     scanner: Addr<ScannerActor>,
     metrics: Arc<Metrics>,
     interval: Duration,
@@ -69,6 +75,7 @@ pub struct SweeperActor {
 impl SweeperActor {
     pub fn new(
         db: Database,
+        node_id: NodeId,
         scanner: Addr<ScannerActor>,
         metrics: Arc<Metrics>,
         interval: Duration,
@@ -76,6 +83,7 @@ impl SweeperActor {
     ) -> SweeperActor {
         SweeperActor {
             db,
+            node_id,
             scanner,
             metrics,
             interval,
@@ -90,8 +98,9 @@ impl SweeperActor {
     ) -> Option<impl ActorFuture<Self, Output = Result<SweepReport, String>> + use<>> {
         let positions = self.positions.take()?;
         let db = self.db.clone();
+        let node_id = self.node_id.clone();
         let retention = self.retention.clone();
-        let fut = async move { sweep(&db, &retention, positions).await };
+        let fut = async move { sweep(&db, &node_id, &retention, positions).await };
         Some(fut.into_actor(self).map(|(result, positions), act, _| {
             act.positions = Some(positions);
             match &result {
@@ -149,20 +158,23 @@ impl Handler<SweepNow> for SweeperActor {
 /// most [`retention::BATCH`] rows and [`MAX_BATCHES`] transactions.
 async fn sweep(
     db: &Database,
+    node_id: &NodeId,
     settings: &RetentionSettings,
     mut positions: HashMap<QueueId, i64>,
 ) -> (Result<SweepReport, String>, HashMap<QueueId, i64>) {
-    let result = sweep_in(db, settings, &mut positions).await;
+    let result = sweep_in(db, node_id, settings, &mut positions).await;
     (result.map_err(|e| e.to_string()), positions)
 }
 
 async fn sweep_in(
     db: &Database,
+    node_id: &NodeId,
     settings: &RetentionSettings,
     positions: &mut HashMap<QueueId, i64>,
 ) -> Result<SweepReport, sea_orm::DbErr> {
     let mut report = SweepReport::default();
     let t = now();
+    report.dead_node_sessions = retention::close_dead_node_sessions(db, node_id, t).await?;
 
     for _ in 0..MAX_BATCHES {
         let r = retention::recover_leases(db, t, retention::BATCH).await?;
@@ -190,7 +202,8 @@ async fn sweep_in(
     }
 
     let acked_cutoff = before(t, settings.acked_deliveries_max_age_s);
-    report.acked_deliveries = repeat(|| retention::purge_acked_deliveries(db, acked_cutoff)).await?;
+    report.acked_deliveries =
+        repeat(|| retention::purge_acked_deliveries(db, acked_cutoff)).await?;
     report.idempotency_records = repeat(|| retention::purge_idempotency_records(db, t)).await?;
     report.sessions = repeat(|| retention::purge_closed_sessions(db, acked_cutoff)).await?;
     Ok(report)

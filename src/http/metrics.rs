@@ -28,7 +28,11 @@ use crate::{
 pub async fn metrics(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse> {
     no_query(&req)?;
     let deadline = state.settings.timing.http_request_timeout();
-    let pool = state.pool.send(GetPoolStats).await.map_err(Error::internal)?;
+    let pool = state
+        .pool
+        .send(GetPoolStats)
+        .await
+        .map_err(Error::internal)?;
     let backlog = match tokio::time::timeout(deadline, backlog::read(state.db.reader())).await {
         Ok(Ok(backlog)) => backlog,
         Ok(Err(err)) => {

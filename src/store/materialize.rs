@@ -25,6 +25,9 @@ pub struct Materialized {
     pub history_gap: Option<u64>,
     /// Paused (or gone): nothing was read.
     pub idle: bool,
+    /// Every entry up to the head was consumed: the cursor is at the head
+    /// this transaction saw.
+    pub caught_up: bool,
 }
 
 /// One transaction holding the subscription row lock: `room = max_pending -
@@ -132,5 +135,6 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         more: !stopped_for_room && entries.len() as u64 == batch,
         history_gap: None,
         idle: false,
+        caught_up: cursor == pos.head,
     })
 }

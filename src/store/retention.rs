@@ -5,10 +5,12 @@
 
 use entity::{delivery, event_session, idempotency_record, queue};
 use sea_orm::{
-    ColumnTrait, DbErr, EntityTrait, QueryFilter, QuerySelect, QueryTrait, sea_query::Expr,
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect,
+    QueryTrait, Statement, sea_query::Expr,
 };
 
 use crate::{
+    delivery::listener::LISTENER_APPLICATION_NAME,
     domain::{DeliveryState, NodeId, QueueId, Timestamp},
     journal::{self, PurgeBatch},
     store::{
@@ -115,7 +117,11 @@ pub async fn purge_closed_sessions(db: &Database, cutoff: Timestamp) -> Result<u
 /// Closes the sessions left open by other nodes (decision 0041): on SQLite
 /// one node owns the database, so at its start every session not its own
 /// was left by a stopped (or killed) node. Returns how many.
-pub async fn close_foreign_sessions(db: &Database, node_id: &NodeId, now: Timestamp) -> Result<u64, DbErr> {
+pub async fn close_foreign_sessions(
+    db: &Database,
+    node_id: &NodeId,
+    now: Timestamp,
+) -> Result<u64, DbErr> {
     let txn = db.begin_write().await?;
     let n = event_session::Entity::update_many()
         .col_expr(event_session::Column::ClosedAt, Expr::value(now.micros()))
@@ -124,6 +130,45 @@ pub async fn close_foreign_sessions(db: &Database, node_id: &NodeId, now: Timest
         .exec(&txn)
         .await?
         .rows_affected;
+    txn.commit().await?;
+    Ok(n)
+}
+
+/// A node's listener may be reconnecting (backoff up to 5 s) or, just
+/// started, not yet connected: sessions younger than this are left alone.
+pub const DEAD_NODE_GRACE_MICROS: i64 = 60_000_000;
+
+/// PostgreSQL only: closes the sessions of nodes that are gone (decision
+/// 0041). A live node keeps a listener connection whose `application_name`
+/// names it; open sessions opened more than a minute ago by any other node
+/// (not `node_id`, the caller) are closed. On SQLite this does nothing
+/// (see [`close_foreign_sessions`]). Returns how many were closed.
+pub async fn close_dead_node_sessions(
+    db: &Database,
+    node_id: &NodeId,
+    now: Timestamp,
+) -> Result<u64, DbErr> {
+    if db.backend() != DbBackend::Postgres {
+        return Ok(0);
+    }
+    let prefix = format!("{LISTENER_APPLICATION_NAME} ");
+    let txn = db.begin_write().await?;
+    let n = txn
+        .execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "UPDATE event_sessions SET closed_at = $1 \
+             WHERE closed_at IS NULL AND node_id <> $2 AND opened_at < $3 \
+             AND node_id NOT IN (SELECT substr(application_name, length($4) + 1) \
+                 FROM pg_stat_activity WHERE starts_with(application_name, $4))",
+            [
+                now.micros().into(),
+                node_id.as_str().into(),
+                now.micros().saturating_sub(DEAD_NODE_GRACE_MICROS).into(),
+                prefix.into(),
+            ],
+        ))
+        .await?
+        .rows_affected();
     txn.commit().await?;
     Ok(n)
 }

@@ -17,9 +17,9 @@ pub struct Scraped {
 impl Scraped {
     /// The sample `name` whose labels include `labels`.
     pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<&Sample> {
-        self.samples.iter().find(|s| {
-            s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
-        })
+        self.samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
     }
 
     /// The value of a counter, gauge or untyped sample; 0 when absent (a
@@ -66,10 +66,7 @@ pub async fn scrape(app: &TestApp) -> Scraped {
     assert_eq!(sample_lines, parsed, "unparsed lines in:\n{text}");
     for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
         let kind = line.rsplit(' ').next().unwrap();
-        assert!(
-            ["counter", "gauge", "histogram"].contains(&kind),
-            "{line}"
-        );
+        assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
     }
     Scraped {
         text,
@@ -89,7 +86,10 @@ async fn metrics_parse_as_prometheus_text_and_the_census_agrees_with_the_databas
     let two = app.bootstrap_with("ns2", "app2", "q2", true, true).await;
     let all = subscription(&app, &one).await;
     let failed_only = app
-        .subscribe(&one, json!({ "from_sequence": "0", "types": ["task.failed"] }))
+        .subscribe(
+            &one,
+            json!({ "from_sequence": "0", "types": ["task.failed"] }),
+        )
         .await["id"]
         .as_str()
         .unwrap()
@@ -150,17 +150,29 @@ async fn metrics_parse_as_prometheus_text_and_the_census_agrees_with_the_databas
         let q = cred.queue_id.as_str();
         let labels = [("queue_id", q)];
         let head = app
-            .scalar(&format!("SELECT head_sequence FROM queues WHERE id = '{q}'"))
+            .scalar(&format!(
+                "SELECT head_sequence FROM queues WHERE id = '{q}'"
+            ))
             .await;
         let events = app
-            .scalar(&format!("SELECT COUNT(*) FROM result_events WHERE queue_id = '{q}'"))
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM result_events WHERE queue_id = '{q}'"
+            ))
             .await;
-        let materialized = app.scalar(&format!("SELECT COUNT(*) {}", per_queue(q))).await;
+        let materialized = app
+            .scalar(&format!("SELECT COUNT(*) {}", per_queue(q)))
+            .await;
         let delivered = app
-            .scalar(&format!("SELECT CAST(SUM(d.attempts) AS BIGINT) {}", per_queue(q)))
+            .scalar(&format!(
+                "SELECT CAST(SUM(d.attempts) AS BIGINT) {}",
+                per_queue(q)
+            ))
             .await;
         let acked = app
-            .scalar(&format!("SELECT COUNT(*) {} AND d.state = 'ACKED'", per_queue(q)))
+            .scalar(&format!(
+                "SELECT COUNT(*) {} AND d.state = 'ACKED'",
+                per_queue(q)
+            ))
             .await;
         assert_eq!(head, events);
         let census = [
@@ -191,7 +203,10 @@ async fn metrics_parse_as_prometheus_text_and_the_census_agrees_with_the_databas
     assert_eq!(outcome("lease_expired"), attempts - 11.0);
     assert!(outcome("lease_expired") >= 1.0);
     assert_eq!(outcome("expired"), 0.0);
-    assert_eq!(m.value("orbit_events_ack_duration_seconds_count", &[]), 12.0);
+    assert_eq!(
+        m.value("orbit_events_ack_duration_seconds_count", &[]),
+        12.0
+    );
     let claims: f64 = m
         .samples
         .iter()
@@ -201,7 +216,10 @@ async fn metrics_parse_as_prometheus_text_and_the_census_agrees_with_the_databas
             _ => 0.0,
         })
         .sum();
-    assert_eq!(m.value("orbit_events_claim_duration_seconds_count", &[]), claims);
+    assert_eq!(
+        m.value("orbit_events_claim_duration_seconds_count", &[]),
+        claims
+    );
     assert!(m.find("orbit_events_claim_wait_seconds", &[]).is_some());
     assert_eq!(m.value("orbit_events_connections", &[]), 3.0);
     assert_eq!(m.value("orbit_events_claims_waiting", &[]), 0.0);
@@ -214,12 +232,21 @@ async fn metrics_parse_as_prometheus_text_and_the_census_agrees_with_the_databas
     );
 
     for (sub, cred) in [(&all, &one), (&failed_only, &one), (&other, &two)] {
-        let labels = [("subscription_id", sub.as_str()), ("queue_id", cred.queue_id.as_str())];
+        let labels = [
+            ("subscription_id", sub.as_str()),
+            ("queue_id", cred.queue_id.as_str()),
+        ];
         assert_eq!(m.value("orbit_events_subscription_lag", &labels), 0.0);
         assert_eq!(m.value("orbit_events_subscription_backlog", &labels), 0.0);
-        assert_eq!(m.value("orbit_events_subscription_max_pending", &labels), 100.0);
         assert_eq!(
-            m.value("orbit_events_subscription_oldest_unacked_age_seconds", &labels),
+            m.value("orbit_events_subscription_max_pending", &labels),
+            100.0
+        );
+        assert_eq!(
+            m.value(
+                "orbit_events_subscription_oldest_unacked_age_seconds",
+                &labels
+            ),
             0.0
         );
     }
@@ -244,13 +271,22 @@ async fn the_subscription_gauges_show_lag_backlog_and_the_oldest_unacknowledged_
         app_ref.scalar("SELECT COUNT(*) FROM deliveries").await == 3
     })
     .await;
-    let labels = [("subscription_id", sub.as_str()), ("queue_id", cred.queue_id.as_str())];
+    let labels = [
+        ("subscription_id", sub.as_str()),
+        ("queue_id", cred.queue_id.as_str()),
+    ];
     let m = scrape(&app).await;
     // The cursor stops before the fourth entry: max_pending is reached.
     assert_eq!(m.value("orbit_events_subscription_lag", &labels), 2.0);
     assert_eq!(m.value("orbit_events_subscription_backlog", &labels), 3.0);
-    assert_eq!(m.value("orbit_events_subscription_max_pending", &labels), 3.0);
-    let age = m.value("orbit_events_subscription_oldest_unacked_age_seconds", &labels);
+    assert_eq!(
+        m.value("orbit_events_subscription_max_pending", &labels),
+        3.0
+    );
+    let age = m.value(
+        "orbit_events_subscription_oldest_unacked_age_seconds",
+        &labels,
+    );
     assert!(age > 0.0 && age < 60.0, "{age}");
     app.assert_invariants().await;
 }
@@ -262,7 +298,12 @@ async fn each_node_has_its_own_metrics_registry() {
     let cred = first.bootstrap().await;
     publish_n(&first, &cred, 2, "task.succeeded").await;
     let labels = [("queue_id", cred.queue_id.as_str())];
-    assert_eq!(scrape(&first).await.value("orbit_events_appended_total", &labels), 2.0);
+    assert_eq!(
+        scrape(&first)
+            .await
+            .value("orbit_events_appended_total", &labels),
+        2.0
+    );
     assert!(
         scrape(&second)
             .await
@@ -305,6 +346,10 @@ async fn metrics_take_no_query_and_only_get() {
         "orbit_events_claim_duration_seconds",
         "orbit_events_ack_duration_seconds",
     ] {
-        assert!(help.contains_key(name), "{name} is described in\n{}", m.text);
+        assert!(
+            help.contains_key(name),
+            "{name} is described in\n{}",
+            m.text
+        );
     }
 }

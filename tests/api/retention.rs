@@ -25,7 +25,11 @@ async fn sweep(app: &TestApp) -> SweepReport {
 
 /// Sweeps until `done(report)`; retention ages are whole seconds, so this
 /// waits for entries to age past them.
-async fn sweep_until(app: &TestApp, what: &str, done: impl Fn(&SweepReport) -> bool) -> SweepReport {
+async fn sweep_until(
+    app: &TestApp,
+    what: &str,
+    done: impl Fn(&SweepReport) -> bool,
+) -> SweepReport {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let report = sweep(app).await;
@@ -84,7 +88,10 @@ async fn a_lapsed_lease_of_a_subscription_without_a_consumer_becomes_pending_or_
     let id_retried = d_retried["body"]["delivery"]["id"].as_str().unwrap();
     let id_dead = d_dead["body"]["delivery"]["id"].as_str().unwrap();
     let mut seen = Vec::new();
-    for (sub, id, expected) in [(&retried, id_retried, "PENDING"), (&dead, id_dead, "EXPIRED")] {
+    for (sub, id, expected) in [
+        (&retried, id_retried, "PENDING"),
+        (&dead, id_dead, "EXPIRED"),
+    ] {
         let deadline = Instant::now() + DEADLINE;
         let row = loop {
             let row = delivery(&app, &cred, sub, id).await;
@@ -132,10 +139,15 @@ async fn events_past_their_age_are_purged_except_those_still_referenced_and_the_
     let mut ws_done = app.bind(&cred.token, &done, 4).await;
     app.publish(
         &cred,
-        ["task.succeeded", "task.failed", "task.succeeded", "task.succeeded"]
-            .iter()
-            .map(|t| result(&q, t))
-            .collect(),
+        [
+            "task.succeeded",
+            "task.failed",
+            "task.succeeded",
+            "task.succeeded",
+        ]
+        .iter()
+        .map(|t| result(&q, t))
+        .collect(),
     )
     .await;
     let held = ws_hold.delivery().await;
@@ -151,7 +163,8 @@ async fn events_past_their_age_are_purged_except_those_still_referenced_and_the_
     // 3 and 4 are purged; 1 and 2 stay for their non-ACKED deliveries (the
     // ACKED ones of `done` do not keep anything).
     assert_eq!(swept.events, 2);
-    let sequences = format!("SELECT sequence FROM result_events WHERE queue_id = '{q}' ORDER BY sequence");
+    let sequences =
+        format!("SELECT sequence FROM result_events WHERE queue_id = '{q}' ORDER BY sequence");
     assert_eq!(app_scalar_list(&app, &sequences).await, vec![1, 2]);
     let floor = || format!("SELECT retention_floor FROM queues WHERE id = '{q}'");
     assert_eq!(app.scalar(&floor()).await, 4);
@@ -171,8 +184,14 @@ async fn events_past_their_age_are_purged_except_those_still_referenced_and_the_
             .contains("earliest available sequence is 5"),
         "{err:#}"
     );
-    let res = app.get(&format!("/v1/subscriptions/{behind}"), &cred.token).await;
-    assert_eq!(res.data()["cursor_sequence"], "1", "never silently advanced");
+    let res = app
+        .get(&format!("/v1/subscriptions/{behind}"), &cred.token)
+        .await;
+    assert_eq!(
+        res.data()["cursor_sequence"],
+        "1",
+        "never silently advanced"
+    );
     // Its new hellos are refused the same way.
     let mut again = app.connect(&cred.token).await;
     let reply = again.hello(&behind, 1).await;
@@ -213,7 +232,10 @@ async fn events_past_their_age_are_purged_except_those_still_referenced_and_the_
     assert_eq!(res.status, 201, "{:#}", res.body);
 
     let m = scrape(&app).await;
-    assert_eq!(m.value("orbit_events_purged_total", &[("kind", "events")]), 3.0);
+    assert_eq!(
+        m.value("orbit_events_purged_total", &[("kind", "events")]),
+        3.0
+    );
     assert_eq!(
         m.value("orbit_events_queue_retention_floor", &[("queue_id", &q)]),
         4.0
@@ -271,7 +293,10 @@ async fn acked_deliveries_expired_idempotency_records_and_closed_sessions_are_pu
     let mut total = SweepReport::default();
     let deadline = Instant::now() + DEADLINE;
     while total.acked_deliveries < 3 || total.idempotency_records < 3 || total.sessions < 1 {
-        assert!(Instant::now() < deadline, "timed out; purged so far {total:?}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out; purged so far {total:?}"
+        );
         let r = sweep(&app).await;
         total.acked_deliveries += r.acked_deliveries;
         total.idempotency_records += r.idempotency_records;
@@ -279,10 +304,18 @@ async fn acked_deliveries_expired_idempotency_records_and_closed_sessions_are_pu
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        (total.acked_deliveries, total.idempotency_records, total.sessions),
+        (
+            total.acked_deliveries,
+            total.idempotency_records,
+            total.sessions
+        ),
         (3, 3, 1)
     );
-    assert_eq!(app.scalar("SELECT COUNT(*) FROM deliveries WHERE state = 'ACKED'").await, 0);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM deliveries WHERE state = 'ACKED'")
+            .await,
+        0
+    );
     // Non-ACKED deliveries, open sessions and the log are kept.
     assert_eq!(
         app.scalar("SELECT COUNT(*) FROM deliveries WHERE state <> 'ACKED'")
@@ -291,12 +324,65 @@ async fn acked_deliveries_expired_idempotency_records_and_closed_sessions_are_pu
     );
     assert_eq!(app.scalar("SELECT COUNT(*) FROM event_sessions").await, 1);
     assert_eq!(app.scalar("SELECT COUNT(*) FROM result_events").await, 3);
-    assert_eq!(app.scalar("SELECT COUNT(*) FROM idempotency_records").await, 0);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM idempotency_records").await,
+        0
+    );
     ping_expect_ack(&mut open).await;
 
     let res = app
-        .get(&format!("/v1/subscriptions/{consumed}/deliveries"), &cred.token)
+        .get(
+            &format!("/v1/subscriptions/{consumed}/deliveries"),
+            &cred.token,
+        )
         .await;
     assert_eq!(res.data()["items"], json!([]));
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn sessions_left_open_by_a_node_that_died_are_closed_and_a_live_nodes_are_not() {
+    use orbit_events::{
+        domain::{now, random_hex_id},
+        startup::Application,
+    };
+    let app = spawn_app_with(|s| s.timing.sweep_interval_ms = 3_600_000).await;
+    let cred = app.bootstrap().await;
+    let sub = subscription(&app, &cred).await;
+    let mut live = app.bind(&cred.token, &sub, 1).await;
+    // The row a node killed with SIGKILL leaves: open, two minutes old.
+    let opened = now().micros() - 120_000_000;
+    execute(
+        &app,
+        &format!(
+            "INSERT INTO event_sessions (id, subscription_id, credential_id, application_id, \
+             node_id, capacity, opened_at, closed_at, created_at) VALUES ('{}', '{sub}', '{}', \
+             '{}', '{}', 1, {opened}, NULL, {opened})",
+            random_hex_id(),
+            cred.credential_id,
+            cred.application_id,
+            random_hex_id()
+        ),
+    )
+    .await;
+    let open = "SELECT COUNT(*) FROM event_sessions WHERE closed_at IS NULL";
+    assert_eq!(app.scalar(open).await, 2);
+    if backend_name() == "postgres" {
+        // A live node keeps its listener connection; the dead one has none.
+        let report = sweep(&app).await;
+        assert_eq!(report.dead_node_sessions, 1);
+        assert_eq!(
+            app.scalar(open).await,
+            1,
+            "the live node's session stays open"
+        );
+    } else {
+        // One node owns a SQLite database: the next node to start on it
+        // closes every session it did not open.
+        let next = Application::build(app.settings.clone()).await.unwrap();
+        assert_eq!(app.scalar(open).await, 0);
+        drop(next);
+    }
+    ping_expect_ack(&mut live).await;
     app.assert_invariants().await;
 }
