@@ -13,8 +13,10 @@ use crate::{
     store::backlog,
 };
 
-/// 200 with the text exposition; 503 `UNAVAILABLE` when the database does
-/// not answer within the management request deadline.
+/// The node's Prometheus metrics (text format 0.0.4).
+///
+/// No authentication. 503 `UNAVAILABLE` when the database does not answer
+/// within the management request deadline.
 #[utoipa::path(
     get,
     path = "/metrics",

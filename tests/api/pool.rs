@@ -110,7 +110,7 @@ async fn an_application_with_1_subscription_gets_at_least_a_third_of_the_claims_
     let before = scrape(&app).await;
     app.state
         .pool
-        .send(SetClaimDelay(Duration::from_millis(40)))
+        .send(SetClaimDelay(Duration::from_millis(60)))
         .await
         .unwrap();
 
