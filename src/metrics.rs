@@ -299,7 +299,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "ack_duration",
-            "Duration of ACKs, from the frame's arrival to the commit",
+            "Duration of ACKs, from the frame's arrival to its answer (after the commit)",
             Unit::Seconds,
             self.ack_duration.clone(),
         );

@@ -187,7 +187,8 @@ async fn sweep_in(
 
     let cutoff = before(t, settings.events_max_age_s);
     let queues = retention::queue_ids(db).await?;
-    positions.retain(|q, _| queues.contains(q));
+    let known: std::collections::HashSet<&QueueId> = queues.iter().collect();
+    positions.retain(|q, _| known.contains(q));
     for queue_id in queues {
         let position = positions.entry(queue_id.clone()).or_insert(0);
         for _ in 0..MAX_BATCHES {
