@@ -110,7 +110,7 @@ async fn an_application_with_1_subscription_gets_at_least_a_third_of_the_claims_
     let before = scrape(&app).await;
     app.state
         .pool
-        .send(SetClaimDelay(Duration::from_millis(60)))
+        .send(SetClaimDelay(Duration::from_millis(120)))
         .await
         .unwrap();
 
@@ -124,8 +124,8 @@ async fn an_application_with_1_subscription_gets_at_least_a_third_of_the_claims_
         .into_iter()
         .map(|ws| actix_web::rt::spawn(consume(ws, 20)))
         .collect();
-    // After 60 deliveries B is still backlogged, and so is A.
-    for _ in 0..60 {
+    // After 40 deliveries B is still backlogged, and so is A.
+    for _ in 0..40 {
         let d = b_consumer.delivery().await;
         b_consumer.ack(&d).await;
     }
