@@ -5,19 +5,20 @@
 //! render. The scanner, pool and connections never look at the task-result
 //! shape; another journal could implement these same functions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use entity::{queue, result_event};
+use entity::{delivery, queue, result_event};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
-    QuerySelect, sea_query::Expr,
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+    sea_query::{Expr, LockType},
 };
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::{
     delivery::listener::Wake,
-    domain::{EventId, QueueId, ResultType, Timestamp},
+    domain::{DeliveryState, EventId, QueueId, ResultType, Timestamp},
 };
 
 /// One result to append, already validated at the edge.
@@ -151,6 +152,140 @@ pub async fn position<C: ConnectionTrait>(
         .one(conn)
         .await?;
     Ok(row.map(|(head, floor)| LogPosition { head, floor }))
+}
+
+/// As [`position`], for materialization: on PostgreSQL it also takes a
+/// `FOR KEY SHARE` lock on the queue row until the caller commits. Appends
+/// (which update the row without touching its key) are not blocked by it;
+/// retention's `FOR UPDATE` ([`purge`]) is, so entries cannot be purged
+/// between reading them and creating their deliveries.
+pub async fn position_for_materialize<C: ConnectionTrait>(
+    conn: &C,
+    queue_id: &QueueId,
+) -> Result<Option<LogPosition>, DbErr> {
+    let mut query = queue::Entity::find_by_id(queue_id.as_str())
+        .select_only()
+        .column(queue::Column::HeadSequence)
+        .column(queue::Column::RetentionFloor);
+    if conn.get_database_backend() == DbBackend::Postgres {
+        query = query.lock(LockType::KeyShare);
+    }
+    let row: Option<(i64, i64)> = query.into_tuple().one(conn).await?;
+    Ok(row.map(|(head, floor)| LogPosition { head, floor }))
+}
+
+/// What one [`purge`] batch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeBatch {
+    /// Entries deleted.
+    pub purged: u64,
+    /// The highest sequence examined (the next batch starts after it).
+    pub examined_to: i64,
+    /// No entry past `examined_to` is due: the next scan starts from 0.
+    pub reached_end: bool,
+    /// The retention floor after this batch.
+    pub floor: i64,
+}
+
+/// One retention batch of `queue_id`'s log, inside the caller's write
+/// transaction (spec: delivery-model.md §8): examines at most `limit`
+/// entries with `sequence > after` in order, up to the first one appended
+/// at or after `cutoff`; deletes those no non-ACKED delivery references and
+/// keeps the others; raises `retention_floor` to the highest purged
+/// sequence. Entries below the floor that are still present are the kept
+/// ones: a later scan from 0 purges them once their deliveries are ACKED.
+/// Locks the queue row (PostgreSQL `FOR UPDATE`), so no materialization of
+/// the queue runs meanwhile (see [`position_for_materialize`]).
+pub async fn purge<C: ConnectionTrait>(
+    conn: &C,
+    queue_id: &QueueId,
+    after: i64,
+    cutoff: Timestamp,
+    limit: u64,
+) -> Result<PurgeBatch, DbErr> {
+    let mut query = queue::Entity::find_by_id(queue_id.as_str())
+        .select_only()
+        .column(queue::Column::RetentionFloor);
+    if conn.get_database_backend() == DbBackend::Postgres {
+        query = query.lock(LockType::Update);
+    }
+    let Some(floor) = query.into_tuple::<i64>().one(conn).await? else {
+        return Ok(PurgeBatch {
+            reached_end: true,
+            ..Default::default()
+        });
+    };
+    let rows: Vec<(String, i64, i64)> = result_event::Entity::find()
+        .select_only()
+        .column(result_event::Column::Id)
+        .column(result_event::Column::Sequence)
+        .column(result_event::Column::AppendedAt)
+        .filter(result_event::Column::QueueId.eq(queue_id.as_str()))
+        .filter(result_event::Column::Sequence.gt(after))
+        .order_by_asc(result_event::Column::Sequence)
+        .limit(limit)
+        .into_tuple()
+        .all(conn)
+        .await?;
+    let full = rows.len() as u64 == limit;
+    // Sequence order is commit order, so append times grow with it: the
+    // first young entry ends the scan.
+    let due: Vec<(String, i64)> = rows
+        .iter()
+        .take_while(|(_, _, appended_at)| *appended_at < cutoff.micros())
+        .map(|(id, seq, _)| (id.clone(), *seq))
+        .collect();
+    let reached_end = !full || due.len() < rows.len();
+    let examined_to = due.last().map_or(after, |(_, seq)| *seq);
+    if due.is_empty() {
+        return Ok(PurgeBatch {
+            purged: 0,
+            examined_to,
+            reached_end,
+            floor,
+        });
+    }
+    let ids: Vec<&str> = due.iter().map(|(id, _)| id.as_str()).collect();
+    let referenced: Vec<String> = delivery::Entity::find()
+        .select_only()
+        .column(delivery::Column::EventId)
+        .distinct()
+        .filter(delivery::Column::EventId.is_in(ids.iter().copied()))
+        .filter(delivery::Column::State.ne(DeliveryState::Acked.as_str()))
+        .into_tuple()
+        .all(conn)
+        .await?;
+    let referenced: HashSet<&str> = referenced.iter().map(String::as_str).collect();
+    let purge: Vec<(&str, i64)> = due
+        .iter()
+        .filter(|(id, _)| !referenced.contains(id.as_str()))
+        .map(|(id, seq)| (id.as_str(), *seq))
+        .collect();
+    let Some(highest) = purge.iter().map(|(_, seq)| *seq).max() else {
+        return Ok(PurgeBatch {
+            purged: 0,
+            examined_to,
+            reached_end,
+            floor,
+        });
+    };
+    let deleted = result_event::Entity::delete_many()
+        .filter(result_event::Column::Id.is_in(purge.iter().map(|(id, _)| *id)))
+        .exec(conn)
+        .await?
+        .rows_affected;
+    let floor = Ord::max(floor, highest);
+    queue::Entity::update_many()
+        .col_expr(queue::Column::RetentionFloor, Expr::value(floor))
+        .filter(queue::Column::Id.eq(queue_id.as_str()))
+        .exec(conn)
+        .await?;
+    Ok(PurgeBatch {
+        purged: deleted,
+        examined_to,
+        reached_end,
+        floor,
+    })
 }
 
 /// Entries with `after < sequence <= up_to`, in sequence order, at most

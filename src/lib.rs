@@ -3,8 +3,9 @@
 //!
 //! The spec lives in the shared spec folder; modules map to its rooms:
 //! [`http`] (management API), [`ws`] (connections and frames),
-//! [`delivery`] (scanner, lease pool), [`store`] (one function per
-//! transaction), [`journal`] (the result log), [`domain`] (validated types).
+//! [`delivery`] (scanner, lease pool, sweeper), [`store`] (one function per
+//! transaction), [`journal`] (the result log), [`domain`] (validated types),
+//! [`metrics`] (Prometheus).
 
 pub mod auth;
 pub mod cli;
@@ -14,6 +15,7 @@ pub mod domain;
 pub mod error;
 pub mod http;
 pub mod journal;
+pub mod metrics;
 pub mod startup;
 pub mod state;
 pub mod store;

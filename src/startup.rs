@@ -23,11 +23,13 @@ use crate::{
         listener::{self, Announcer},
         pool::{GetPoolStats, LeasePoolActor, PoolLimits},
         scanner::ScannerActor,
+        sweeper::SweeperActor,
     },
-    domain::NodeId,
+    domain::{NodeId, now},
     http,
+    metrics::Metrics,
     state::AppState,
-    store::{Database, sessions},
+    store::{Database, retention, sessions},
 };
 
 /// How long a stopping node waits for its connections to finish their
@@ -57,9 +59,9 @@ pub struct Application {
 }
 
 impl Application {
-    /// Connects and migrates the database, starts the lease pool and the
-    /// scanner on their own arbiter (on PostgreSQL also the cross-node
-    /// NOTIFY sender and LISTENer), and binds `server.listen`.
+    /// Connects and migrates the database, starts the lease pool, the
+    /// scanner and the sweeper on their own arbiter (on PostgreSQL also the
+    /// cross-node NOTIFY sender and LISTENer), and binds `server.listen`.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
         let db = Database::connect(&settings.database).await?;
         db.migrate().await?;
@@ -73,6 +75,19 @@ impl Application {
     ) -> Result<Application, StartupError> {
         let settings = Arc::new(settings);
         let node_id = NodeId::generate();
+        let metrics = Arc::new(Metrics::new());
+        if db.backend() == DbBackend::Sqlite {
+            // One node owns a SQLite database: sessions still open are
+            // those of a node that stopped without closing them (killed);
+            // decision 0041.
+            let closed = retention::close_foreign_sessions(&db, &node_id, now()).await?;
+            if closed > 0 {
+                tracing::info!(
+                    sessions = closed,
+                    "closed sessions left open by a previous run"
+                );
+            }
+        }
 
         // The delivery actors get their own thread so that claim and
         // materialization futures never share a thread with HTTP workers.
@@ -86,9 +101,10 @@ impl Application {
         };
         let lease = settings.timing.lease();
         let pool_db = db.clone();
+        let pool_metrics = metrics.clone();
         let pool: Addr<LeasePoolActor> =
             LeasePoolActor::start_in_arbiter(&delivery.handle(), move |_| {
-                LeasePoolActor::new(pool_db, pool_limits, lease)
+                LeasePoolActor::new(pool_db, pool_limits, lease, pool_metrics)
             });
         // Several nodes share one database only on PostgreSQL: there, local
         // wakes are NOTIFYed to the other nodes and theirs are LISTENed for.
@@ -99,6 +115,7 @@ impl Application {
         let scanner_pool = pool.clone();
         let per_round = limits.claims_per_scan_round;
         let scan_interval = settings.timing.scan_interval();
+        let scanner_metrics = metrics.clone();
         let scanner: Addr<ScannerActor> =
             ScannerActor::start_in_arbiter(&delivery.handle(), move |_| {
                 ScannerActor::new(
@@ -107,6 +124,24 @@ impl Application {
                     per_round,
                     scan_interval,
                     announcer,
+                    scanner_metrics,
+                )
+            });
+        let sweeper_db = db.clone();
+        let sweeper_node = node_id.clone();
+        let sweeper_scanner = scanner.clone();
+        let sweeper_metrics = metrics.clone();
+        let sweep_interval = settings.timing.sweep_interval();
+        let retention_settings = settings.retention.clone();
+        let sweeper: Addr<SweeperActor> =
+            SweeperActor::start_in_arbiter(&delivery.handle(), move |_| {
+                SweeperActor::new(
+                    sweeper_db,
+                    sweeper_node,
+                    sweeper_scanner,
+                    sweeper_metrics,
+                    sweep_interval,
+                    retention_settings,
                 )
             });
         if shared {
@@ -123,6 +158,8 @@ impl Application {
             settings: settings.clone(),
             scanner,
             pool,
+            sweeper,
+            metrics,
             node_id,
             shutdown: Shutdown::new(),
         };

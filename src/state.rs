@@ -6,8 +6,9 @@ use actix::Addr;
 
 use crate::{
     config::Settings,
-    delivery::{pool::LeasePoolActor, scanner::ScannerActor},
+    delivery::{pool::LeasePoolActor, scanner::ScannerActor, sweeper::SweeperActor},
     domain::NodeId,
+    metrics::Metrics,
     startup::Shutdown,
     store::Database,
 };
@@ -19,6 +20,9 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     pub scanner: Addr<ScannerActor>,
     pub pool: Addr<LeasePoolActor>,
+    pub sweeper: Addr<SweeperActor>,
+    /// This node's metrics (its own registry, not a process-global one).
+    pub metrics: Arc<Metrics>,
     pub node_id: NodeId,
     /// Tells connections to drain and close (1001) when the node stops.
     pub shutdown: Shutdown,

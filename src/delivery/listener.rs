@@ -230,7 +230,7 @@ pub fn start_listener(
 async fn listen_forever(url: String, node_id: NodeId, scanner: Addr<ScannerActor>) {
     let mut backoff = BACKOFF_MIN;
     loop {
-        match connect(&url).await {
+        match connect(&url, &node_id).await {
             Ok(mut listener) => {
                 backoff = BACKOFF_MIN;
                 scanner.do_send(WakeAll);
@@ -245,7 +245,12 @@ async fn listen_forever(url: String, node_id: NodeId, scanner: Addr<ScannerActor
     }
 }
 
-async fn connect(url: &str) -> Result<PgListener, sea_orm::sqlx::Error> {
+/// The `application_name` of a node's listener connection is this prefix,
+/// a space and the node id: other nodes read `pg_stat_activity` to tell
+/// which nodes are alive (decision 0041).
+pub const LISTENER_APPLICATION_NAME: &str = "orbit-events listener";
+
+async fn connect(url: &str, node_id: &NodeId) -> Result<PgListener, sea_orm::sqlx::Error> {
     let options: PgConnectOptions = url.parse()?;
     let pool = PgPoolOptions::new()
         .max_connections(1)
@@ -253,7 +258,7 @@ async fn connect(url: &str) -> Result<PgListener, sea_orm::sqlx::Error> {
         .acquire_timeout(PROBE_TIMEOUT)
         .idle_timeout(None)
         .max_lifetime(None)
-        .connect_with(options.application_name("orbit-events listener"))
+        .connect_with(options.application_name(&format!("{LISTENER_APPLICATION_NAME} {node_id}")))
         .await?;
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(CHANNEL).await?;

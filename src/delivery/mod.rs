@@ -6,3 +6,4 @@
 pub mod listener;
 pub mod pool;
 pub mod scanner;
+pub mod sweeper;

@@ -7,9 +7,12 @@
 //! scanner retries it on a later round. Waiting requests are served
 //! round-robin over applications, then over each application's
 //! subscriptions, so one noisy application cannot starve the others.
+//! Claims run as futures on the pool's arbiter: the connection actors that
+//! read frames and answer pings never wait for one.
 
 use std::{
     collections::{HashMap, VecDeque},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -18,6 +21,7 @@ use actix::prelude::*;
 use crate::{
     delivery::scanner::ClaimSettled,
     domain::{ApplicationId, SubscriptionId},
+    metrics::{Metrics, Operation, Outcome},
     store::{
         Database,
         claim::{self, ClaimOutcome, ClaimTarget},
@@ -34,7 +38,8 @@ pub struct PoolLimits {
     pub claims_queued: usize,
 }
 
-/// Counters and high-water marks, for metrics and tests.
+/// Counters and high-water marks (since the node started), for metrics and
+/// tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
     pub connections: usize,
@@ -54,6 +59,8 @@ pub struct ClaimRequest {
     pub target: ClaimTarget,
     pub application_id: ApplicationId,
     pub want: u32,
+    /// When the scanner asked (for the wait-time histogram).
+    pub enqueued_at: Instant,
     /// The connection that receives the leases (or the failure).
     pub reply: Recipient<ClaimResult>,
     /// The scanner, told when the claim finished or was refused.
@@ -90,11 +97,64 @@ struct ReleaseConnection;
 #[rtype(result = "PoolStats")]
 pub struct GetPoolStats;
 
-/// Test builds only: delay every claim transaction by this long.
+/// Test builds only: delay every claim transaction by this long (before it
+/// begins).
 #[cfg(feature = "test-hooks")]
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SetClaimDelay(pub Duration);
+
+/// Test builds only: hold every claim that starts from now on at `point`
+/// until the hold is lifted with `HoldClaims(None)` (claims already held
+/// then go on).
+#[cfg(feature = "test-hooks")]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HoldClaims(pub Option<HoldPoint>);
+
+/// Where [`HoldClaims`] stops a claim.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldPoint {
+    /// Before the transaction begins (no database resource held).
+    BeforeTransaction,
+    /// Right after `BEGIN` (on SQLite: holding the write lock).
+    InsideTransaction,
+}
+
+/// Test hooks of the claim path; inert in other builds.
+#[derive(Clone, Default)]
+struct ClaimHooks {
+    delay: Duration,
+    #[cfg(feature = "test-hooks")]
+    hold: Option<(HoldPoint, tokio::sync::watch::Receiver<bool>)>,
+}
+
+impl ClaimHooks {
+    async fn before_transaction(&self) {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        #[cfg(feature = "test-hooks")]
+        self.wait_at(HoldPoint::BeforeTransaction).await;
+    }
+
+    async fn inside_transaction(self) {
+        #[cfg(feature = "test-hooks")]
+        self.wait_at(HoldPoint::InsideTransaction).await;
+    }
+
+    #[cfg(feature = "test-hooks")]
+    async fn wait_at(&self, point: HoldPoint) {
+        if let Some((at, rx)) = &self.hold
+            && *at == point
+        {
+            let mut rx = rx.clone();
+            // A dropped sender (the pool is gone) also releases the claim.
+            let _ = rx.wait_for(|held| !*held).await;
+        }
+    }
+}
 
 #[derive(Default)]
 struct AppQueue {
@@ -139,11 +199,20 @@ pub struct LeasePoolActor {
     app_ring: VecDeque<ApplicationId>,
     in_flight_by_app: HashMap<ApplicationId, usize>,
     stats: PoolStats,
-    claim_delay: Duration,
+    metrics: Arc<Metrics>,
+    hooks: ClaimHooks,
+    /// Lifts the current [`HoldClaims`] hold when set to `false`.
+    #[cfg(feature = "test-hooks")]
+    hold_release: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl LeasePoolActor {
-    pub fn new(db: Database, limits: PoolLimits, lease: Duration) -> LeasePoolActor {
+    pub fn new(
+        db: Database,
+        limits: PoolLimits,
+        lease: Duration,
+        metrics: Arc<Metrics>,
+    ) -> LeasePoolActor {
         LeasePoolActor {
             db,
             limits,
@@ -152,7 +221,10 @@ impl LeasePoolActor {
             app_ring: VecDeque::new(),
             in_flight_by_app: HashMap::new(),
             stats: PoolStats::default(),
-            claim_delay: Duration::ZERO,
+            metrics,
+            hooks: ClaimHooks::default(),
+            #[cfg(feature = "test-hooks")]
+            hold_release: None,
         }
     }
 
@@ -210,17 +282,18 @@ impl LeasePoolActor {
 
         let db = self.db.clone();
         let lease = self.lease;
-        let delay = self.claim_delay;
+        let hooks = self.hooks.clone();
         let target = req.target.clone();
         let want = req.want;
-        let started = Instant::now();
+        let waited = req.enqueued_at.elapsed();
         let fut = async move {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            claim::claim(&db, &target, want, lease).await
+            hooks.before_transaction().await;
+            let started = Instant::now();
+            let pause = hooks.inside_transaction();
+            let result = claim::claim_after(&db, &target, want, lease, pause).await;
+            (result, started.elapsed())
         };
-        ctx.spawn(fut.into_actor(self).map(move |result, act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |(result, ran), act, ctx| {
             act.stats.claims_in_flight -= 1;
             act.stats.claims_completed += 1;
             if let Some(n) = act.in_flight_by_app.get_mut(&req.application_id) {
@@ -229,15 +302,28 @@ impl LeasePoolActor {
                     act.in_flight_by_app.remove(&req.application_id);
                 }
             }
+            act.metrics
+                .claim_finished(&req.application_id, waited, ran);
             let (leased, exhausted) = match &result {
-                Ok(ClaimOutcome::Leased { deliveries, exhausted }) => (deliveries.len() as u32, *exhausted),
+                Ok(ClaimOutcome::Leased {
+                    deliveries,
+                    exhausted,
+                    recovered,
+                    queue_id,
+                }) => {
+                    act.metrics.delivered(queue_id, deliveries.len() as u64);
+                    act.metrics.outcome(Outcome::LeaseExpired, recovered.to_pending);
+                    act.metrics.outcome(Outcome::Expired, recovered.expired);
+                    (deliveries.len() as u32, *exhausted)
+                }
                 _ => (0, true),
             };
             let failed = result.is_err();
             if let Err(err) = &result {
+                act.metrics.database_error(Operation::Claim);
                 tracing::warn!(error = %err, subscription_id = %req.target.subscription_id, "claim failed");
             }
-            tracing::trace!(elapsed_ms = started.elapsed().as_millis() as u64, leased, "claim done");
+            tracing::trace!(elapsed_ms = ran.as_millis() as u64, leased, "claim done");
             // The scanner hears of the claim before the connection does, so
             // the room the connection reports after taking the leases always
             // reaches the scanner after this (its mailbox is FIFO).
@@ -268,6 +354,7 @@ impl Handler<ClaimRequest> for LeasePoolActor {
     fn handle(&mut self, req: ClaimRequest, ctx: &mut Context<Self>) {
         if self.stats.claims_waiting + self.stats.claims_in_flight >= self.limits.claims_queued {
             self.stats.claims_refused += 1;
+            self.metrics.claim_refused();
             req.settled.do_send(ClaimSettled {
                 session_id: req.target.session_id.clone(),
                 subscription_id: req.target.subscription_id.clone(),
@@ -329,6 +416,22 @@ impl Handler<SetClaimDelay> for LeasePoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: SetClaimDelay, _: &mut Context<Self>) {
-        self.claim_delay = msg.0;
+        self.hooks.delay = msg.0;
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+impl Handler<HoldClaims> for LeasePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: HoldClaims, _: &mut Context<Self>) {
+        if let Some(release) = self.hold_release.take() {
+            release.send_replace(false);
+        }
+        self.hooks.hold = msg.0.map(|point| {
+            let (tx, rx) = tokio::sync::watch::channel(true);
+            self.hold_release = Some(tx);
+            (point, rx)
+        });
     }
 }

@@ -3,6 +3,12 @@
 //! `claims_per_scan_round` claim requests into the pool
 //! (spec: architecture.md §1, delivery-model.md §5).
 //!
+//! Claim requests are chosen round-robin over applications, then over each
+//! application's subscriptions, then over a subscription's sessions: the
+//! pool can only be fair among the requests it receives, so an application
+//! with 50 busy subscriptions gets no more requests per round than one
+//! with a single subscription.
+//!
 //! Wakes: journal append (in-process, or NOTIFY from another node), ACK,
 //! resume or retry, a new session, and the fallback timer. Local journal
 //! and subscription wakes are also announced to the other nodes on
@@ -11,8 +17,9 @@
 //! a ping reply.
 
 use std::{
-    collections::{HashMap, HashSet},
-    time::Duration,
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
 use actix::prelude::*;
@@ -23,6 +30,7 @@ use crate::{
         pool::{ClaimRequest, LeasePoolActor},
     },
     domain::{ApplicationId, CredentialId, QueueId, SessionId, SubscriptionId},
+    metrics::{Metrics, Operation},
     store::{
         Database,
         claim::{ClaimOutcome, ClaimTarget},
@@ -120,9 +128,15 @@ struct SessionEntry {
 
 struct SubscriptionEntry {
     queue_id: QueueId,
-    sessions: HashSet<SessionId>,
+    application_id: ApplicationId,
+    /// Bound sessions in round-robin order.
+    sessions: VecDeque<SessionId>,
     /// Needs a materialization pass.
     dirty: bool,
+    /// The last materialization read every entry up to the head: until an
+    /// append (or the timer), an ACK frees room but finds nothing to read,
+    /// so it needs no materialization, only a claim.
+    caught_up: bool,
     /// May have available PENDING rows (worth a claim).
     maybe_pending: bool,
     /// Grows each time `maybe_pending` is set: a claim that started before
@@ -145,11 +159,14 @@ pub struct ScannerActor {
     scan_interval: Duration,
     /// Other nodes to tell about local wakes (PostgreSQL only).
     announcer: Option<Announcer>,
+    metrics: Arc<Metrics>,
     sessions: HashMap<SessionId, SessionEntry>,
-    /// Round-robin order of sessions for claim requests.
-    order: Vec<SessionId>,
-    next: usize,
     subscriptions: HashMap<SubscriptionId, SubscriptionEntry>,
+    /// Applications with bound sessions, in round-robin order.
+    app_ring: VecDeque<ApplicationId>,
+    /// Each application's subscriptions with bound sessions, in
+    /// round-robin order.
+    app_subscriptions: HashMap<ApplicationId, VecDeque<SubscriptionId>>,
     round_running: bool,
     round_again: bool,
 }
@@ -161,6 +178,7 @@ impl ScannerActor {
         claims_per_round: usize,
         scan_interval: Duration,
         announcer: Option<Announcer>,
+        metrics: Arc<Metrics>,
     ) -> ScannerActor {
         ScannerActor {
             db,
@@ -168,10 +186,11 @@ impl ScannerActor {
             claims_per_round,
             scan_interval,
             announcer,
+            metrics,
             sessions: HashMap::new(),
-            order: Vec::new(),
-            next: 0,
             subscriptions: HashMap::new(),
+            app_ring: VecDeque::new(),
+            app_subscriptions: HashMap::new(),
             round_running: false,
             round_again: false,
         }
@@ -228,9 +247,11 @@ impl ScannerActor {
         let Some(sub) = self.subscriptions.get_mut(id) else {
             return;
         };
+        sub.caught_up = matches!(&result, Ok(m) if m.caught_up);
         match result {
             Ok(m) => {
                 if m.inserted > 0 {
+                    self.metrics.materialized(&sub.queue_id, m.inserted);
                     sub.may_have_pending();
                 }
                 if m.more {
@@ -250,53 +271,94 @@ impl ScannerActor {
             }
             Err(err) => {
                 // Retried on the next timer tick; claims report UNAVAILABLE.
+                self.metrics.database_error(Operation::Materialize);
                 tracing::warn!(error = %err, subscription_id = %id, "materialization failed");
                 sub.dirty = true;
             }
         }
     }
 
-    /// Up to `claims_per_round` requests, round-robin over sessions with room.
+    /// Up to `claims_per_round` requests: one per application per pass,
+    /// round-robin over applications, then over each application's
+    /// subscriptions, then over a subscription's sessions. Only sessions
+    /// with room, no claim running, and a subscription that may have
+    /// available PENDING rows are asked for.
     fn enqueue_claims(&mut self, ctx: &mut Context<Self>) {
-        if self.order.is_empty() {
-            return;
-        }
+        let budget = self.claims_per_round;
         let settled = ctx.address().recipient::<ClaimSettled>();
         let mut sent = 0;
-        let n = self.order.len();
-        let start = self.next % n;
-        for step in 0..n {
-            if sent == self.claims_per_round {
-                self.next = (start + step) % n;
-                return;
+        while sent < budget {
+            let mut any = false;
+            for _ in 0..self.app_ring.len() {
+                if sent == budget {
+                    break;
+                }
+                let Some(app) = self.app_ring.pop_front() else {
+                    break;
+                };
+                self.app_ring.push_back(app.clone());
+                let Some(session_id) = self.next_session_of(&app) else {
+                    continue;
+                };
+                let Some(entry) = self.sessions.get_mut(&session_id) else {
+                    continue;
+                };
+                let generation = self
+                    .subscriptions
+                    .get(&entry.subscription_id)
+                    .map_or(0, |s| s.generation);
+                entry.claiming = true;
+                entry.claim_generation = generation;
+                sent += 1;
+                any = true;
+                self.pool.do_send(ClaimRequest {
+                    target: ClaimTarget {
+                        session_id,
+                        subscription_id: entry.subscription_id.clone(),
+                        credential_id: entry.credential_id.clone(),
+                        capacity: entry.capacity,
+                    },
+                    application_id: entry.application_id.clone(),
+                    want: entry.room,
+                    enqueued_at: Instant::now(),
+                    reply: entry.connection.clone(),
+                    settled: settled.clone(),
+                });
             }
-            let session_id = &self.order[(start + step) % n];
-            let Some(entry) = self.sessions.get_mut(session_id) else {
-                continue;
-            };
-            let Some(sub) = self.subscriptions.get(&entry.subscription_id) else {
-                continue;
-            };
-            if entry.room == 0 || entry.claiming || !sub.maybe_pending {
-                continue;
+            if !any {
+                break;
             }
-            entry.claiming = true;
-            entry.claim_generation = sub.generation;
-            sent += 1;
-            self.pool.do_send(ClaimRequest {
-                target: ClaimTarget {
-                    session_id: session_id.clone(),
-                    subscription_id: entry.subscription_id.clone(),
-                    credential_id: entry.credential_id.clone(),
-                    capacity: entry.capacity,
-                },
-                application_id: entry.application_id.clone(),
-                want: entry.room,
-                reply: entry.connection.clone(),
-                settled: settled.clone(),
-            });
         }
-        self.next = (start + 1) % n;
+    }
+
+    /// The next session of `app` that wants a claim, rotating the
+    /// application's subscriptions and the chosen subscription's sessions.
+    fn next_session_of(&mut self, app: &ApplicationId) -> Option<SessionId> {
+        let subs = self.app_subscriptions.get_mut(app)?;
+        for _ in 0..subs.len() {
+            let sub_id = subs.pop_front()?;
+            subs.push_back(sub_id.clone());
+            let Some(sub) = self.subscriptions.get_mut(&sub_id) else {
+                continue;
+            };
+            if !sub.maybe_pending {
+                continue;
+            }
+            for _ in 0..sub.sessions.len() {
+                let Some(session_id) = sub.sessions.pop_front() else {
+                    break;
+                };
+                sub.sessions.push_back(session_id.clone());
+                let wants = self
+                    .sessions
+                    .get(&session_id)
+                    .is_some_and(|e| e.room > 0 && !e.claiming);
+                if wants {
+                    return Some(session_id);
+                }
+            }
+        }
+        None
     }
 }
 
@@ -320,20 +382,29 @@ impl Handler<SessionBound> for ScannerActor {
     type Result = ();
 
     fn handle(&mut self, msg: SessionBound, ctx: &mut Context<Self>) {
-        let sub = self
-            .subscriptions
-            .entry(msg.subscription_id.clone())
-            .or_insert_with(|| SubscriptionEntry {
-                queue_id: msg.queue_id.clone(),
-                sessions: HashSet::new(),
-                dirty: true,
-                maybe_pending: true,
-                generation: 0,
-            });
-        sub.sessions.insert(msg.session_id.clone());
+        let sub = match self.subscriptions.entry(msg.subscription_id.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let app = msg.application_id.clone();
+                let ring = self.app_subscriptions.entry(app.clone()).or_default();
+                if ring.is_empty() {
+                    self.app_ring.push_back(app.clone());
+                }
+                ring.push_back(msg.subscription_id.clone());
+                e.insert(SubscriptionEntry {
+                    queue_id: msg.queue_id.clone(),
+                    application_id: app,
+                    sessions: VecDeque::new(),
+                    dirty: true,
+                    caught_up: false,
+                    maybe_pending: true,
+                    generation: 0,
+                })
+            }
+        };
+        sub.sessions.push_back(msg.session_id.clone());
         sub.dirty = true;
         sub.may_have_pending();
-        self.order.push(msg.session_id.clone());
         self.sessions.insert(
             msg.session_id,
             SessionEntry {
@@ -358,11 +429,20 @@ impl Handler<SessionClosed> for ScannerActor {
         let Some(entry) = self.sessions.remove(&msg.session_id) else {
             return;
         };
-        self.order.retain(|s| s != &msg.session_id);
-        if let Some(sub) = self.subscriptions.get_mut(&entry.subscription_id) {
-            sub.sessions.remove(&msg.session_id);
-            if sub.sessions.is_empty() {
-                self.subscriptions.remove(&entry.subscription_id);
+        let Some(sub) = self.subscriptions.get_mut(&entry.subscription_id) else {
+            return;
+        };
+        sub.sessions.retain(|s| s != &msg.session_id);
+        if !sub.sessions.is_empty() {
+            return;
+        }
+        let app = sub.application_id.clone();
+        self.subscriptions.remove(&entry.subscription_id);
+        if let Some(ring) = self.app_subscriptions.get_mut(&app) {
+            ring.retain(|s| s != &entry.subscription_id);
+            if ring.is_empty() {
+                self.app_subscriptions.remove(&app);
+                self.app_ring.retain(|a| a != &app);
             }
         }
     }
@@ -411,7 +491,7 @@ impl Handler<SubscriptionChanged> for ScannerActor {
             announcer.announce(Wake::Subscription(msg.subscription_id.clone()));
         }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
-            sub.dirty = true;
+            sub.dirty |= !sub.caught_up;
             sub.may_have_pending();
             self.kick(ctx);
         }

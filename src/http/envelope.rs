@@ -21,6 +21,7 @@ use tracing::Instrument;
 use crate::{
     domain::MessageId,
     error::{Error, ErrorCode},
+    metrics::Operation,
     state::AppState,
 };
 
@@ -75,9 +76,19 @@ pub async fn envelope(
     let request_id = MessageId::generate();
     req.extensions_mut().insert(RequestId(request_id.clone()));
     let raw = is_raw_path(req.path());
-    let deadline = req
-        .app_data::<web::Data<AppState>>()
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let deadline = state
+        .as_ref()
         .map(|s| s.settings.timing.http_request_timeout());
+    // Answers of UNAVAILABLE are the database failing (or too slow for the
+    // deadline): counted in `orbit_events_database_errors_total{operation="http"}`.
+    let count_unavailable = |err: &Error| {
+        if err.code() == ErrorCode::Unavailable
+            && let Some(state) = &state
+        {
+            state.metrics.database_error(Operation::Http);
+        }
+    };
     let span = tracing::info_span!(
         "http",
         request_id = %request_id,
@@ -95,6 +106,7 @@ pub async fn envelope(
                 tracing::warn!(request_id = %request_id, "request deadline passed");
                 let err = Error::unavailable("the request did not finish within its deadline")
                     .with_request_id(request_id.as_str());
+                count_unavailable(&err);
                 return Err(err.into());
             }
         },
@@ -107,6 +119,7 @@ pub async fn envelope(
                 Some(e) => e.clone(),
                 None => framework_error(err.as_response_error().status_code(), Some(&err)),
             };
+            count_unavailable(&ours);
             return Err(ours.with_request_id(request_id.as_str()).into());
         }
     };
@@ -118,6 +131,7 @@ pub async fn envelope(
         .cloned();
     let mut res = match ours {
         Some(err) => {
+            count_unavailable(&err);
             let headers = res.headers().clone();
             let (req, _) = res.into_parts();
             error_envelope(req, &request_id, &err, Some(&headers))

@@ -5,6 +5,7 @@ pub mod deliveries;
 pub mod envelope;
 pub mod health;
 pub mod lists;
+pub mod metrics;
 pub mod openapi;
 pub mod request;
 pub mod results;
@@ -25,6 +26,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(resource(
         "/readyz",
         vec![("GET", web::get().to(health::readyz))],
+    ))
+    .service(resource(
+        "/metrics",
+        vec![("GET", web::get().to(metrics::metrics))],
     ))
     .service(resource(
         "/v1/events/connect",

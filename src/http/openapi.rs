@@ -24,7 +24,7 @@ use utoipa::{
 
 use crate::{
     error::ErrorCode,
-    http::{deliveries, health, results, subscriptions},
+    http::{deliveries, health, metrics, results, subscriptions},
     store::{deliveries::DeliveryView, subscriptions::SubscriptionView},
 };
 
@@ -61,6 +61,7 @@ speaks the `orbit.events.v1` frame protocol, which is described separately.",
         results::publish,
         health::healthz,
         health::readyz,
+        metrics::metrics,
     ),
     components(schemas(ErrorEnvelope, ErrorBody, ErrorCodeName)),
     modifiers(&Common),
@@ -68,7 +69,7 @@ speaks the `orbit.events.v1` frame protocol, which is described separately.",
         (name = "subscriptions", description = "Create, list, read and pause/resume subscriptions"),
         (name = "deliveries", description = "Inspect deliveries and re-arm EXPIRED ones"),
         (name = "results", description = "Append task results to a queue's result log"),
-        (name = "health", description = "Liveness and readiness (no authentication)"),
+        (name = "health", description = "Liveness, readiness and Prometheus metrics (no authentication)"),
     )
 )]
 pub struct ApiDoc;
@@ -343,7 +344,9 @@ impl Modify for Common {
             ),
         );
         for (path, item) in doc.paths.paths.iter_mut() {
-            let public = path.starts_with("/healthz") || path.starts_with("/readyz");
+            let public = path.starts_with("/healthz")
+                || path.starts_with("/readyz")
+                || path.starts_with("/metrics");
             for (method, op) in operations(item) {
                 let mut errors: BTreeMap<&str, &str> = BTreeMap::new();
                 errors.insert(

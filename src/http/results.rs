@@ -263,6 +263,7 @@ pub async fn publish(
         &normalized,
     )?;
     let q = queue_id.clone();
+    let appended = results.len() as u64;
     let written = idempotent_write(&req, &state, identity, StatusCode::CREATED, |txn| {
         Box::pin(async move {
             let appended = journal::append(txn, &q, &results, now())
@@ -283,6 +284,7 @@ pub async fn publish(
     })
     .await?;
     if written.applied {
+        state.metrics.appended(&queue_id, appended);
         state.scanner.do_send(JournalAppended { queue_id });
     }
     Ok(written.response)

@@ -46,6 +46,10 @@ pub enum ClaimOutcome {
     Leased {
         deliveries: Vec<LeasedDelivery>,
         exhausted: bool,
+        /// This subscription's lapsed leases recovered first.
+        recovered: Recovered,
+        /// The subscription's queue (for the census).
+        queue_id: QueueId,
     },
     /// The subscription is paused: no new leases.
     Paused,
@@ -71,7 +75,21 @@ pub async fn claim(
     want: u32,
     lease: Duration,
 ) -> Result<ClaimOutcome, DbErr> {
+    claim_after(db, target, want, lease, std::future::ready(())).await
+}
+
+/// As [`claim`], awaiting `pause` right after the transaction began (on
+/// SQLite: while holding the write lock). Test builds pass a hook here to
+/// keep claims stuck inside their transaction.
+pub async fn claim_after(
+    db: &Database,
+    target: &ClaimTarget,
+    want: u32,
+    lease: Duration,
+    pause: impl Future<Output = ()>,
+) -> Result<ClaimOutcome, DbErr> {
     let txn = db.begin_write().await?;
+    pause.await;
     let outcome = claim_in(&txn, db.backend(), target, want, lease).await?;
     txn.commit().await?;
     Ok(outcome)
@@ -107,7 +125,8 @@ async fn claim_in<C: ConnectionTrait>(
     }
 
     let now = now();
-    recover_expired_leases(txn, Some(&target.subscription_id), now, u64::MAX).await?;
+    let recovered =
+        recover_expired_leases(txn, Some(&target.subscription_id), now, u64::MAX).await?;
 
     let held = delivery::Entity::find()
         .filter(delivery::Column::LeaseSessionId.eq(target.session_id.as_str()))
@@ -121,6 +140,8 @@ async fn claim_in<C: ConnectionTrait>(
         return Ok(ClaimOutcome::Leased {
             deliveries: Vec::new(),
             exhausted: false,
+            recovered,
+            queue_id,
         });
     }
 
@@ -208,21 +229,37 @@ async fn claim_in<C: ConnectionTrait>(
     Ok(ClaimOutcome::Leased {
         deliveries: out,
         exhausted,
+        recovered,
+        queue_id,
     })
+}
+
+/// Lapsed leases recovered by [`recover_expired_leases`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Back to PENDING (offered again).
+    pub to_pending: u64,
+    /// At their attempt budget: EXPIRED.
+    pub expired: u64,
+}
+
+impl Recovered {
+    pub fn total(self) -> u64 {
+        self.to_pending + self.expired
+    }
 }
 
 /// Recovers expired leases: LEASED rows with `lease_until <= now` become
 /// PENDING (`available_at = lease_until`) while `attempts < attempt_budget`,
 /// else EXPIRED; each recovery is `revision += 1`. Limited to one
 /// subscription when given, and to at most `limit` rows per state change.
-/// Returns the number of rows recovered.
 pub async fn recover_expired_leases<C: ConnectionTrait>(
     conn: &C,
     subscription_id: Option<&SubscriptionId>,
     now: Timestamp,
     limit: u64,
-) -> Result<u64, DbErr> {
-    let mut recovered = 0;
+) -> Result<Recovered, DbErr> {
+    let mut recovered = Recovered::default();
     for to_pending in [true, false] {
         // The same conditions guard the UPDATE itself: on PostgreSQL they are
         // re-checked after a concurrent writer's lock is released, so a lease
@@ -283,7 +320,11 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
             .filter(is_due())
             .exec(conn)
             .await?;
-        recovered += result.rows_affected;
+        if to_pending {
+            recovered.to_pending = result.rows_affected;
+        } else {
+            recovered.expired = result.rows_affected;
+        }
     }
     Ok(recovered)
 }

@@ -25,6 +25,9 @@ pub struct Materialized {
     pub history_gap: Option<u64>,
     /// Paused (or gone): nothing was read.
     pub idle: bool,
+    /// Every entry up to the head was consumed: the cursor is at the head
+    /// this transaction saw.
+    pub caught_up: bool,
 }
 
 /// One transaction holding the subscription row lock: `room = max_pending -
@@ -67,7 +70,7 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         });
     }
     let queue_id = QueueId::from_db(sub.queue_id.clone());
-    let Some(pos) = journal::position(txn, &queue_id).await? else {
+    let Some(pos) = journal::position_for_materialize(txn, &queue_id).await? else {
         return Ok(Materialized {
             idle: true,
             ..Default::default()
@@ -132,5 +135,6 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         more: !stopped_for_room && entries.len() as u64 == batch,
         history_gap: None,
         idle: false,
+        caught_up: cursor == pos.head,
     })
 }

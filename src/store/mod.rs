@@ -9,11 +9,13 @@
 
 pub mod ack;
 pub mod audit;
+pub mod backlog;
 pub mod claim;
 pub mod deliveries;
 pub mod idempotency;
 pub mod list_cursor;
 pub mod materialize;
+pub mod retention;
 pub mod sessions;
 pub mod subscriptions;
 pub mod tenancy;

@@ -36,6 +36,7 @@ use crate::{
     },
     domain::{DeliveryId, MessageId, Permission, QueueId, SessionId, SubscriptionId, U64Str, now},
     error::ErrorCode,
+    metrics::{Operation, Outcome},
     state::AppState,
     store::{
         self,
@@ -103,6 +104,7 @@ enum Outbound {
 struct Bound {
     session_id: SessionId,
     subscription_id: SubscriptionId,
+    queue_id: QueueId,
     capacity: u32,
 }
 
@@ -494,9 +496,11 @@ impl ConnectionActor {
                     },
                 );
                 tracing::info!(session_id = %session_id, subscription_id = %hello.subscription_id, capacity, "session bound");
+                let queue_id = QueueId::from_db(subscription.queue_id);
                 self.phase = Phase::Bound(Bound {
                     session_id: session_id.clone(),
                     subscription_id: hello.subscription_id.clone(),
+                    queue_id: queue_id.clone(),
                     capacity,
                 });
                 self.send_now(ctx, welcome);
@@ -508,7 +512,7 @@ impl ConnectionActor {
                 self.state.scanner.do_send(SessionBound {
                     session_id,
                     subscription_id: hello.subscription_id,
-                    queue_id: QueueId::from_db(subscription.queue_id),
+                    queue_id,
                     application_id: self.principal.application_id.clone(),
                     credential_id: self.principal.credential_id.clone(),
                     capacity,
@@ -531,6 +535,7 @@ impl ConnectionActor {
                 CloseCode::Policy,
             ),
             Err(err) => {
+                self.state.metrics.database_error(Operation::Hello);
                 tracing::warn!(error = %err, "hello failed on the database");
                 self.fail(
                     ctx,
@@ -573,6 +578,8 @@ impl ConnectionActor {
         let delivery_id = ack.delivery_id.clone();
         let session_id = bound.session_id.clone();
         let subscription_id = bound.subscription_id.clone();
+        let queue_id = bound.queue_id.clone();
+        let received = Instant::now();
         let fut = async move {
             let proof = LeaseProof {
                 delivery_id: ack.delivery_id.clone(),
@@ -634,6 +641,20 @@ impl ConnectionActor {
             fut.into_actor(self)
                 .map(move |(outcome, queued), act, ctx| {
                     act.in_flight -= 1;
+                    let metrics = &act.state.metrics;
+                    metrics.ack_finished(received.elapsed());
+                    match &outcome {
+                        Ok(AckOutcome::Acked {
+                            deduplicated: false,
+                            ..
+                        }) => metrics.acked(&queue_id),
+                        Ok(AckOutcome::Acked { .. }) => {
+                            metrics.outcome(Outcome::AckDeduplicated, 1)
+                        }
+                        Ok(AckOutcome::LeaseLost) => metrics.outcome(Outcome::LeaseLost, 1),
+                        Ok(AckOutcome::NotFound) => {}
+                        Err(_) => metrics.database_error(Operation::Ack),
+                    }
                     if !queued {
                         return ctx.stop();
                     }
@@ -733,6 +754,7 @@ impl ConnectionActor {
                     CloseCode::Policy,
                 ),
                 Err(err) => {
+                    act.state.metrics.database_error(Operation::Ping);
                     tracing::warn!(error = %err, "ping re-validation failed on the database");
                     act.fail(
                         ctx,

@@ -58,7 +58,10 @@ pub async fn connect(
         .send(AdmitConnection)
         .await
         .map_err(Error::internal)?
-        .map_err(|_| Error::capacity_exceeded("this node is at its WebSocket connection limit"))?;
+        .map_err(|_| {
+            state.metrics.connection_refused();
+            Error::capacity_exceeded("this node is at its WebSocket connection limit")
+        })?;
 
     let (response, session, stream) =
         actix_ws::handle_with_protocols(&req, body, &[SUBPROTOCOL])

@@ -39,6 +39,7 @@ fn the_document_is_openapi_3_1_and_lists_every_management_route() {
         routes,
         [
             "GET /healthz",
+            "GET /metrics",
             "GET /readyz",
             "GET /v1/subscriptions",
             "GET /v1/subscriptions/{id}",

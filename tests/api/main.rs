@@ -12,7 +12,10 @@ mod http_no_change;
 mod http_openapi;
 mod http_subscriptions;
 mod http_support;
+mod metrics;
 mod multinode;
+#[cfg(feature = "test-hooks")]
+mod pool;
 mod protocol_envelope;
 mod protocol_failure;
 mod protocol_leases;
@@ -23,5 +26,6 @@ mod protocol_stall;
 mod protocol_support;
 mod protocol_transcript;
 mod protocol_upgrade;
+mod retention;
 mod skeleton;
 mod wakes;

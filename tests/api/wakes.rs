@@ -211,7 +211,7 @@ async fn a_node_whose_listen_connection_is_cut_listens_again_and_is_woken_by_the
     let mut ws = b.bind(&cred.token, sub["id"].as_str().unwrap(), 4).await;
 
     let listeners = "FROM pg_stat_activity WHERE datname = current_database() \
-                     AND application_name = 'orbit-events listener'";
+                     AND application_name LIKE 'orbit-events listener %'";
     let listening = |cut_before: i64| {
         format!(
             "SELECT COUNT(*) {listeners} AND state = 'idle' AND query LIKE 'LISTEN%' \

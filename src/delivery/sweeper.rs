@@ -1,0 +1,235 @@
+//! SweeperActor (one per node): every `timing.sweep_interval_ms` it
+//! recovers lapsed leases and applies retention, in bounded batches of
+//! short transactions (spec: architecture.md §1, delivery-model.md §6 and
+//! §8; decision 0040).
+//!
+//! - Lease recovery: LEASED rows past `lease_until` become PENDING, or
+//!   EXPIRED at their attempt budget, also for subscriptions that nobody
+//!   consumes or that are paused, so nothing shows LEASED forever. The
+//!   scanner is woken when anything was recovered.
+//! - Retention: log entries appended more than `retention.events_max_age_s`
+//!   ago, except those a non-ACKED delivery references (the queue's
+//!   `retention_floor` becomes the highest purged sequence); ACKED
+//!   deliveries older than `retention.acked_deliveries_max_age_s`; expired
+//!   idempotency records; sessions closed more than
+//!   `retention.acked_deliveries_max_age_s` ago (decision 0041).
+//! - Sessions left open by a node that died (PostgreSQL): closed when that
+//!   node's listener connection is gone (decision 0041; on SQLite a node
+//!   closes them at start).
+//!
+//! The work runs as one future off the actor (never overlapping itself),
+//! so a slow database delays only the next sweep.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use actix::prelude::*;
+
+use crate::{
+    config::RetentionSettings,
+    delivery::scanner::{ScannerActor, WakeAll},
+    domain::{NodeId, QueueId, Timestamp, now},
+    metrics::{Metrics, Operation, Outcome, Purged},
+    store::{Database, retention},
+};
+
+/// Transactions of one kind per sweep at most; what is left waits for the
+/// next sweep, so one sweep never runs for long.
+const MAX_BATCHES: usize = 20;
+
+/// What one sweep did (for logs, tests and the metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Open sessions of nodes that are gone, now closed (PostgreSQL).
+    pub dead_node_sessions: u64,
+    pub leases_to_pending: u64,
+    pub leases_expired: u64,
+    pub events: u64,
+    pub acked_deliveries: u64,
+    pub idempotency_records: u64,
+    pub sessions: u64,
+}
+
+/// The answer to [`SweepNow`] while another sweep runs.
+pub const SWEEP_RUNNING: &str = "a sweep is already running";
+
+/// Runs one sweep now and answers with what it did, or
+/// `Err(SWEEP_RUNNING)` when one is already running. Used by tests.
+#[derive(Message)]
+#[rtype(result = "Result<SweepReport, String>")]
+pub struct SweepNow;
+
+/// The sweeper actor.
+pub struct SweeperActor {
+    db: Database,
+    node_id: NodeId,
+    scanner: Addr<ScannerActor>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    retention: RetentionSettings,
+    /// Per queue, the sequence after which the next event scan starts
+    /// (0 = from the start of the log). Lost on restart: a scan from 0
+    /// only re-reads the entries kept for their deliveries.
+    positions: Option<HashMap<QueueId, i64>>,
+}
+
+impl SweeperActor {
+    pub fn new(
+        db: Database,
+        node_id: NodeId,
+        scanner: Addr<ScannerActor>,
+        metrics: Arc<Metrics>,
+        interval: Duration,
+        retention: RetentionSettings,
+    ) -> SweeperActor {
+        SweeperActor {
+            db,
+            node_id,
+            scanner,
+            metrics,
+            interval,
+            retention,
+            positions: Some(HashMap::new()),
+        }
+    }
+
+    /// The sweep as a future, or `None` while one runs.
+    fn sweep(
+        &mut self,
+    ) -> Option<impl ActorFuture<Self, Output = Result<SweepReport, String>> + use<>> {
+        let positions = self.positions.take()?;
+        let db = self.db.clone();
+        let node_id = self.node_id.clone();
+        let retention = self.retention.clone();
+        let fut = async move { sweep(&db, &node_id, &retention, positions).await };
+        Some(fut.into_actor(self).map(|(result, positions), act, _| {
+            act.positions = Some(positions);
+            match &result {
+                Ok(report) => {
+                    let m = &act.metrics;
+                    m.outcome(Outcome::LeaseExpired, report.leases_to_pending);
+                    m.outcome(Outcome::Expired, report.leases_expired);
+                    m.purged(Purged::Events, report.events);
+                    m.purged(Purged::AckedDeliveries, report.acked_deliveries);
+                    m.purged(Purged::IdempotencyRecords, report.idempotency_records);
+                    m.purged(Purged::Sessions, report.sessions);
+                    // Recovered rows are claimable; a raised floor may have
+                    // left a subscription with a history gap to report.
+                    if report.leases_to_pending > 0 || report.events > 0 {
+                        act.scanner.do_send(WakeAll);
+                    }
+                    if *report != SweepReport::default() {
+                        tracing::debug!(?report, "sweep");
+                    }
+                }
+                Err(err) => {
+                    act.metrics.database_error(Operation::Sweep);
+                    tracing::warn!(error = %err, "sweep failed; retried at the next interval");
+                }
+            }
+            result
+        }))
+    }
+}
+
+impl Actor for SweeperActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.interval, |act, ctx| {
+            if let Some(fut) = act.sweep() {
+                ctx.spawn(fut.map(|_, _, _| ()));
+            }
+        });
+    }
+}
+
+impl Handler<SweepNow> for SweeperActor {
+    type Result = ResponseActFuture<Self, Result<SweepReport, String>>;
+
+    fn handle(&mut self, _: SweepNow, _: &mut Context<Self>) -> Self::Result {
+        match self.sweep() {
+            Some(fut) => Box::pin(fut),
+            None => Box::pin(fut::ready(Err(SWEEP_RUNNING.to_owned()))),
+        }
+    }
+}
+
+/// One sweep: recovery, then each kind of retention, each in batches of at
+/// most [`retention::BATCH`] rows and [`MAX_BATCHES`] transactions.
+async fn sweep(
+    db: &Database,
+    node_id: &NodeId,
+    settings: &RetentionSettings,
+    mut positions: HashMap<QueueId, i64>,
+) -> (Result<SweepReport, String>, HashMap<QueueId, i64>) {
+    let result = sweep_in(db, node_id, settings, &mut positions).await;
+    (result.map_err(|e| e.to_string()), positions)
+}
+
+async fn sweep_in(
+    db: &Database,
+    node_id: &NodeId,
+    settings: &RetentionSettings,
+    positions: &mut HashMap<QueueId, i64>,
+) -> Result<SweepReport, sea_orm::DbErr> {
+    let mut report = SweepReport::default();
+    let t = now();
+    report.dead_node_sessions = retention::close_dead_node_sessions(db, node_id, t).await?;
+
+    for _ in 0..MAX_BATCHES {
+        let r = retention::recover_leases(db, t, retention::BATCH).await?;
+        report.leases_to_pending += r.to_pending;
+        report.leases_expired += r.expired;
+        if r.to_pending < retention::BATCH && r.expired < retention::BATCH {
+            break;
+        }
+    }
+
+    let cutoff = before(t, settings.events_max_age_s);
+    let queues = retention::queue_ids(db).await?;
+    let known: std::collections::HashSet<&QueueId> = queues.iter().collect();
+    positions.retain(|q, _| known.contains(q));
+    for queue_id in queues {
+        let position = positions.entry(queue_id.clone()).or_insert(0);
+        for _ in 0..MAX_BATCHES {
+            let batch = retention::purge_events(db, &queue_id, *position, cutoff).await?;
+            report.events += batch.purged;
+            if batch.reached_end {
+                *position = 0;
+                break;
+            }
+            *position = batch.examined_to;
+        }
+    }
+
+    let acked_cutoff = before(t, settings.acked_deliveries_max_age_s);
+    report.acked_deliveries =
+        repeat(|| retention::purge_acked_deliveries(db, acked_cutoff)).await?;
+    report.idempotency_records = repeat(|| retention::purge_idempotency_records(db, t)).await?;
+    report.sessions = repeat(|| retention::purge_closed_sessions(db, acked_cutoff)).await?;
+    Ok(report)
+}
+
+/// Runs `batch` until it touches fewer than a full batch of rows (or
+/// [`MAX_BATCHES`] times); returns the rows touched.
+async fn repeat<F, Fut>(mut batch: F) -> Result<u64, sea_orm::DbErr>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u64, sea_orm::DbErr>>,
+{
+    let mut total = 0;
+    for _ in 0..MAX_BATCHES {
+        let n = batch().await?;
+        total += n;
+        if n < retention::BATCH {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// `t` minus `seconds` (saturating: a huge age means "never").
+fn before(t: Timestamp, seconds: u64) -> Timestamp {
+    let micros = i64::try_from(seconds.saturating_mul(1_000_000)).unwrap_or(i64::MAX);
+    Timestamp(t.micros().saturating_sub(micros))
+}

@@ -1,0 +1,114 @@
+//! What the metrics show about queues and subscriptions, read from the
+//! database when `/metrics` is scraped (spec: architecture.md §6).
+//! Read-only: three index scans, no lock.
+
+use std::{collections::HashMap, time::Duration};
+
+use entity::{delivery, queue, subscription};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QuerySelect,
+    sea_query::{Expr, Func},
+};
+
+use crate::domain::{DeliveryState, now};
+
+/// Head and retention floor of one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueBacklog {
+    pub queue_id: String,
+    pub head: i64,
+    pub floor: i64,
+}
+
+/// How far one subscription is behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionBacklog {
+    pub subscription_id: String,
+    pub queue_id: String,
+    /// The queue's committed head.
+    pub head: i64,
+    pub cursor: i64,
+    /// Non-ACKED deliveries.
+    pub pending_count: i64,
+    pub max_pending: i64,
+    /// Age of the oldest non-ACKED delivery (zero when there is none).
+    pub oldest_unacked_age: Duration,
+}
+
+/// Every queue and subscription of the database.
+#[derive(Debug, Clone, Default)]
+pub struct Backlog {
+    pub queues: Vec<QueueBacklog>,
+    pub subscriptions: Vec<SubscriptionBacklog>,
+}
+
+/// Reads [`Backlog`]: the queues, the subscriptions, and the creation time
+/// of each subscription's oldest non-ACKED delivery (at most `max_pending`
+/// rows per subscription, found through the `(state, …)` index).
+pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, DbErr> {
+    let queues: Vec<(String, i64, i64)> = queue::Entity::find()
+        .select_only()
+        .column(queue::Column::Id)
+        .column(queue::Column::HeadSequence)
+        .column(queue::Column::RetentionFloor)
+        .into_tuple()
+        .all(conn)
+        .await?;
+    let heads: HashMap<&str, i64> = queues.iter().map(|(id, h, _)| (id.as_str(), *h)).collect();
+
+    let oldest: Vec<(String, Option<i64>)> = delivery::Entity::find()
+        .select_only()
+        .column(delivery::Column::SubscriptionId)
+        .expr(Func::min(Expr::col(delivery::Column::CreatedAt)))
+        .filter(delivery::Column::State.is_in([
+            DeliveryState::Pending.as_str(),
+            DeliveryState::Leased.as_str(),
+            DeliveryState::Expired.as_str(),
+        ]))
+        .group_by(delivery::Column::SubscriptionId)
+        .into_tuple()
+        .all(conn)
+        .await?;
+    let oldest: HashMap<String, i64> = oldest
+        .into_iter()
+        .filter_map(|(id, at)| at.map(|at| (id, at)))
+        .collect();
+
+    let subs: Vec<(String, String, i64, i64, i32)> = subscription::Entity::find()
+        .select_only()
+        .column(subscription::Column::Id)
+        .column(subscription::Column::QueueId)
+        .column(subscription::Column::CursorSequence)
+        .column(subscription::Column::PendingCount)
+        .column(subscription::Column::MaxPending)
+        .into_tuple()
+        .all(conn)
+        .await?;
+    let t = now().micros();
+    let subscriptions = subs
+        .into_iter()
+        .map(|(id, queue_id, cursor, pending_count, max_pending)| {
+            let age_micros = oldest.get(&id).map_or(0, |at| (t - at).max(0));
+            SubscriptionBacklog {
+                head: heads.get(queue_id.as_str()).copied().unwrap_or(0),
+                subscription_id: id,
+                queue_id,
+                cursor,
+                pending_count,
+                max_pending: i64::from(max_pending),
+                oldest_unacked_age: Duration::from_micros(age_micros.unsigned_abs()),
+            }
+        })
+        .collect();
+    Ok(Backlog {
+        queues: queues
+            .into_iter()
+            .map(|(queue_id, head, floor)| QueueBacklog {
+                queue_id,
+                head,
+                floor,
+            })
+            .collect(),
+        subscriptions,
+    })
+}
