@@ -5,11 +5,7 @@
 //! connection (spec: protocol.md §3–5).
 
 use std::{
-    collections::HashMap,
-    future::Future,
-    panic::AssertUnwindSafe,
-    pin::Pin,
-    sync::Arc,
+    collections::HashMap, future::Future, panic::AssertUnwindSafe, pin::Pin, sync::Arc,
     time::Duration,
 };
 
@@ -49,10 +45,7 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 /// could not be stored; it is not ACKed and will be delivered again.
 pub trait Handler: Send + Sync + 'static {
     /// Stores one delivery; `Ok(())` means "ACK it".
-    fn handle(
-        &self,
-        delivery: Delivery,
-    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+    fn handle(&self, delivery: Delivery) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
     /// Everything else that happens, for logs and metrics. Called on the
     /// consumer's task: keep it quick.
@@ -198,12 +191,14 @@ impl Consumer {
     /// A consumer of `subscription_id` on the node at `server` (its base
     /// URL, e.g. `http://127.0.0.1:8080`; the WebSocket is
     /// `/v1/events/connect` there), capacity 1.
-    pub fn new(server: &str, token: Token, subscription_id: &str) -> Result<Consumer, crate::Error> {
+    pub fn new(
+        server: &str,
+        token: Token,
+        subscription_id: &str,
+    ) -> Result<Consumer, crate::Error> {
         let mut url = server_url(server)?;
         if let Ok(mut segments) = url.path_segments_mut() {
-            segments
-                .pop_if_empty()
-                .extend(["v1", "events", "connect"]);
+            segments.pop_if_empty().extend(["v1", "events", "connect"]);
         }
         url.set_scheme("ws")
             .map_err(|()| crate::Error::InvalidInput(format!("{server:?}: not a server URL")))?;
@@ -452,7 +447,10 @@ impl<H: Handler> Run<H> {
                 return end;
             }
         }
-        let heartbeat = session.welcome.heartbeat_interval().max(Duration::from_millis(10));
+        let heartbeat = session
+            .welcome
+            .heartbeat_interval()
+            .max(Duration::from_millis(10));
         let mut ticks = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut grace: Option<Instant> = None;

@@ -16,8 +16,7 @@ impl Token {
     pub fn new(token: impl Into<String>) -> Result<Token, crate::Error> {
         let token = token.into();
         let token = token.trim().to_owned();
-        if token.is_empty() || token.len() > 4096 || !token.bytes().all(|b| b.is_ascii_graphic())
-        {
+        if token.is_empty() || token.len() > 4096 || !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(crate::Error::InvalidInput(
                 "the token must be 1-4096 visible ASCII characters (as printed by \
                  `orbit-events bootstrap`)"
@@ -111,7 +110,12 @@ mod tests {
     fn idempotency_keys_are_1_to_255_visible_ascii_characters() {
         assert!(IdempotencyKey::new("k").is_ok());
         assert!(IdempotencyKey::new("k".repeat(255)).is_ok());
-        for bad in ["".to_owned(), "k".repeat(256), "a b".to_owned(), "é".to_owned()] {
+        for bad in [
+            "".to_owned(),
+            "k".repeat(256),
+            "a b".to_owned(),
+            "é".to_owned(),
+        ] {
             assert!(IdempotencyKey::new(bad.clone()).is_err(), "{bad:?}");
         }
         let random = IdempotencyKey::random();

@@ -174,10 +174,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Transport(_) => true,
-            Error::Api(e) => matches!(
-                e.code,
-                ErrorCode::Unavailable | ErrorCode::CapacityExceeded
-            ),
+            Error::Api(e) => matches!(e.code, ErrorCode::Unavailable | ErrorCode::CapacityExceeded),
             Error::Protocol(_) | Error::InvalidInput(_) => false,
         }
     }
@@ -230,7 +227,8 @@ mod tests {
         http.details = Some(serde_json::json!({ "earliest_sequence": "4" }));
         assert_eq!(http.earliest_sequence(), Some(4));
         assert_eq!(
-            frame_error("history purged: the earliest available sequence is 17").earliest_sequence(),
+            frame_error("history purged: the earliest available sequence is 17")
+                .earliest_sequence(),
             Some(17)
         );
         assert_eq!(frame_error("no number here").earliest_sequence(), None);

@@ -169,9 +169,7 @@ impl ServerFrame {
         let env: Envelope =
             serde_json::from_str(text).map_err(|e| FrameParseError(e.to_string()))?;
         if env.protocol_version != PROTOCOL_VERSION {
-            return Err(FrameParseError(
-                "protocol_version is not \"1\"".to_owned(),
-            ));
+            return Err(FrameParseError("protocol_version is not \"1\"".to_owned()));
         }
         let kind = env.frame_type.as_str();
         match kind {
@@ -358,8 +356,7 @@ mod tests {
         assert_eq!(v["message_id"], frame.message_id.as_str());
         assert_eq!(v["body"]["epoch"], "3");
         assert_ne!(ping("s").message_id, ping("s").message_id);
-        let hello: serde_json::Value =
-            serde_json::from_str(&hello(ID, 8).text).unwrap();
+        let hello: serde_json::Value = serde_json::from_str(&hello(ID, 8).text).unwrap();
         assert!(hello.get("session_id").is_none());
         assert_eq!(hello["body"]["capacity"], 8);
     }
@@ -371,14 +368,24 @@ mod tests {
         );
         assert!(matches!(
             ServerFrame::parse(&pong).unwrap(),
-            ServerFrame::Pong { body: PingReply { enabled: false, .. }, .. }
+            ServerFrame::Pong {
+                body: PingReply { enabled: false, .. },
+                ..
+            }
         ));
         let ack = format!(
             r#"{{"protocol_version":"1","type":"ack","message_id":"{ID}","session_id":"{ID}","reply_to":"{ID}","body":{{"delivery_id":"{ID}","event_id":"{ID}","epoch":"2","acknowledged_at":"2026-09-17T10:00:00.5Z","deduplicated":true}}}}"#
         );
         assert!(matches!(
             ServerFrame::parse(&ack).unwrap(),
-            ServerFrame::Ack { body: AckReceipt { epoch: 2, deduplicated: true, .. }, .. }
+            ServerFrame::Ack {
+                body: AckReceipt {
+                    epoch: 2,
+                    deduplicated: true,
+                    ..
+                },
+                ..
+            }
         ));
     }
 
@@ -395,7 +402,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(ServerFrame::parse("{}").is_err());
-        assert!(ServerFrame::parse(r#"{"protocol_version":"2","type":"ack","message_id":"x"}"#).is_err());
+        assert!(
+            ServerFrame::parse(r#"{"protocol_version":"2","type":"ack","message_id":"x"}"#)
+                .is_err()
+        );
     }
 
     #[test]

@@ -134,8 +134,11 @@ impl Client {
         query.extend(filter.state.map(|s| ("state", s.as_str().to_owned())));
         query.extend(filter.limit.map(|l| ("limit", l.to_string())));
         query.extend(filter.cursor.clone().map(|c| ("cursor", c)));
-        self.read(&["v1", "subscriptions", subscription_id, "deliveries"], &query)
-            .await
+        self.read(
+            &["v1", "subscriptions", subscription_id, "deliveries"],
+            &query,
+        )
+        .await
     }
 
     /// `GET /v1/subscriptions/{id}/deliveries/{delivery_id}` (events:read):
@@ -146,7 +149,13 @@ impl Client {
         delivery_id: &str,
     ) -> Result<DeliveryDetail, Error> {
         self.read(
-            &["v1", "subscriptions", subscription_id, "deliveries", delivery_id],
+            &[
+                "v1",
+                "subscriptions",
+                subscription_id,
+                "deliveries",
+                delivery_id,
+            ],
             &[],
         )
         .await
@@ -188,12 +197,22 @@ impl Client {
 
     /// `GET /healthz` (no auth): the process answers.
     pub async fn healthz(&self) -> Result<Health, Error> {
-        decode(self.request(Method::GET, &["healthz"], &[], None).send().await).await
+        decode(
+            self.request(Method::GET, &["healthz"], &[], None)
+                .send()
+                .await,
+        )
+        .await
     }
 
     /// `GET /readyz` (no auth): the node can reach its database.
     pub async fn readyz(&self) -> Result<Health, Error> {
-        decode(self.request(Method::GET, &["readyz"], &[], None).send().await).await
+        decode(
+            self.request(Method::GET, &["readyz"], &[], None)
+                .send()
+                .await,
+        )
+        .await
     }
 
     async fn read<T: DeserializeOwned>(
@@ -267,8 +286,7 @@ pub(crate) fn server_url(server: &str) -> Result<Url, Error> {
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(Error::InvalidInput(
-            "a server URL carries no credentials: the token comes from the environment"
-                .to_owned(),
+            "a server URL carries no credentials: the token comes from the environment".to_owned(),
         ));
     }
     Ok(url)
@@ -367,11 +385,7 @@ mod tests {
 
     #[test]
     fn ids_in_paths_are_single_percent_encoded_segments() {
-        let client = Client::new(
-            "http://127.0.0.1:1/base/",
-            Token::new("t").unwrap(),
-        )
-        .unwrap();
+        let client = Client::new("http://127.0.0.1:1/base/", Token::new("t").unwrap()).unwrap();
         let request = client
             .request(
                 Method::GET,

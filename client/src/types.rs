@@ -491,7 +491,16 @@ mod tests {
     fn uint64_strings_must_be_canonical() {
         assert_eq!(parse_u64("0"), Some(0));
         assert_eq!(parse_u64("18446744073709551615"), Some(u64::MAX));
-        for bad in ["", "01", "+1", "-1", "1.0", "1e3", " 1", "18446744073709551616"] {
+        for bad in [
+            "",
+            "01",
+            "+1",
+            "-1",
+            "1.0",
+            "1e3",
+            " 1",
+            "18446744073709551616",
+        ] {
             assert_eq!(parse_u64(bad), None, "{bad:?}");
         }
     }
