@@ -23,5 +23,8 @@ mod protocol_stall;
 mod protocol_support;
 mod protocol_transcript;
 mod protocol_upgrade;
+mod sdk_consumer;
+mod sdk_management;
+mod sdk_support;
 mod skeleton;
 mod wakes;
