@@ -24,6 +24,7 @@ mod protocol_support;
 mod protocol_transcript;
 mod protocol_upgrade;
 mod sdk_consumer;
+mod sdk_crash;
 mod sdk_management;
 mod sdk_support;
 mod skeleton;
