@@ -23,6 +23,7 @@ mod protocol_stall;
 mod protocol_support;
 mod protocol_transcript;
 mod protocol_upgrade;
+mod sdk_cli;
 mod sdk_consumer;
 mod sdk_crash;
 mod sdk_management;
