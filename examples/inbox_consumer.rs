@@ -6,7 +6,10 @@
 //! redelivery of an event already in the Inbox is ACKed with its new proof
 //! without being processed again (and counted in `inbox.redeliveries`).
 //! Kill it at any moment: nothing stored is lost and nothing is processed
-//! twice.
+//! twice (`tests/api/sdk_crash.rs` does, ten times per run).
+//!
+//! The parts between `ANCHOR` comments are shown in docs/consumer-guide.md;
+//! `tests/api/sdk_guide.rs` keeps the two equal.
 
 use std::{
     path::{Path, PathBuf},
@@ -103,6 +106,7 @@ impl Inbox {
             .max_connections(1)
             .connect_with(options)
             .await?;
+        // ANCHOR: schema
         for statement in [
             "CREATE TABLE IF NOT EXISTS inbox (
                 event_id     TEXT PRIMARY KEY,
@@ -128,9 +132,11 @@ impl Inbox {
         ] {
             sqlx::query(statement).execute(&pool).await?;
         }
+        // ANCHOR_END: schema
         Ok(Inbox { pool })
     }
 
+    // ANCHOR: store
     /// Stores and processes the event in one transaction, unless the Inbox
     /// has it already. True when it was new.
     async fn store(&self, delivery: &Delivery) -> Result<bool, sqlx::Error> {
@@ -161,6 +167,7 @@ impl Inbox {
         tx.commit().await?;
         Ok(inserted)
     }
+    // ANCHOR_END: store
 
     /// Takes the proofs a previous run could not get confirmed.
     async fn take_unconfirmed(&self) -> Result<Vec<AckProof>, sqlx::Error> {
@@ -198,6 +205,7 @@ impl Inbox {
     }
 }
 
+// ANCHOR: process
 /// The application's processing of a new event, in the Inbox transaction:
 /// the latest result of each task. Redeliveries can arrive after later
 /// results, so a result only replaces one of a lower task revision.
@@ -222,6 +230,7 @@ async fn process(tx: &mut Transaction<'_, Sqlite>, event: &Event) -> Result<(), 
     .await?;
     Ok(())
 }
+// ANCHOR_END: process
 
 /// Stores each delivery; the consumer ACKs it when `handle` returns Ok.
 struct InboxHandler {
@@ -237,6 +246,7 @@ struct Counts {
     duplicates: AtomicU64,
 }
 
+// ANCHOR: handler
 impl Handler for InboxHandler {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
         let new = self.inbox.store(&delivery).await?;
@@ -291,6 +301,7 @@ impl Handler for InboxHandler {
         }
     }
 }
+// ANCHOR_END: handler
 
 /// Completes on Ctrl-C or SIGTERM.
 async fn stop_signal() {
@@ -325,6 +336,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
     let inbox = Inbox::open(&args.inbox)
         .await
         .map_err(|e| format!("cannot open the Inbox {}: {e}", args.inbox.display()))?;
+    // ANCHOR: run
     let proofs = inbox
         .take_unconfirmed()
         .await
@@ -371,6 +383,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         .keep_unconfirmed(&stopped.unconfirmed)
         .await
         .map_err(|e| format!("Inbox: {e}"))?;
+    // ANCHOR_END: run
     eprintln!(
         "inbox_consumer: stopped; this run stored {} new events and absorbed {} duplicates; \
          {} unconfirmed ACKs kept for the next start",

@@ -26,6 +26,7 @@ mod protocol_upgrade;
 mod sdk_cli;
 mod sdk_consumer;
 mod sdk_crash;
+mod sdk_guide;
 mod sdk_management;
 mod sdk_support;
 mod skeleton;
