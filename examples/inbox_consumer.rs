@@ -71,6 +71,7 @@ struct Args {
     #[arg(
         long,
         env = "ORBIT_EVENTS_URL",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:8080",
         value_name = "URL"
     )]

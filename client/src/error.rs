@@ -146,7 +146,7 @@ impl ApiError {
 pub enum Error {
     /// The service answered with an error envelope.
     #[error(transparent)]
-    Api(#[from] ApiError),
+    Api(Box<ApiError>),
     /// The request did not get an answer (connection refused or reset,
     /// timeout). A write may or may not have been applied: resend it with
     /// the same idempotency key to find out.
@@ -158,6 +158,12 @@ pub enum Error {
     /// An argument was refused before anything was sent.
     #[error("{0}")]
     InvalidInput(String),
+}
+
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Error {
+        Error::Api(Box::new(e))
+    }
 }
 
 impl Error {

@@ -314,7 +314,7 @@ async fn decode<T: DeserializeOwned>(
             .map(|e| e.data)
             .map_err(|e| Error::Protocol(format!("{status}: {e}")));
     }
-    Err(Error::Api(api_error(status, &text, retry_after)))
+    Err(api_error(status, &text, retry_after).into())
 }
 
 /// An error envelope as an [`ApiError`]; a body that is not one (a proxy's

@@ -45,18 +45,18 @@ async fn a_consumer_acks_every_delivery_its_handler_stored_and_reports_each_ack(
     let stopped = running.stop().await.unwrap();
     assert!(stopped.unconfirmed.is_empty());
 
-    let seen = recorder.seen.lock().unwrap();
-    assert_eq!(seen.connections(), 1);
-    assert_eq!(seen.deliveries.len(), 20);
-    for (d, ack) in seen.deliveries.iter().zip(seen.acked()) {
-        assert_eq!(d.delivery.subscription_id, sub);
-        assert_eq!(d.event.id, d.delivery.event_id);
-        assert!(!ack.deduplicated);
-    }
-    let mut sequences: Vec<u64> = seen.deliveries.iter().map(|d| d.event.sequence).collect();
-    sequences.sort();
-    assert_eq!(sequences, (1..=20).collect::<Vec<_>>());
-    drop(seen);
+    recorder.check(|seen| {
+        assert_eq!(seen.connections(), 1);
+        assert_eq!(seen.deliveries.len(), 20);
+        for (d, ack) in seen.deliveries.iter().zip(seen.acked()) {
+            assert_eq!(d.delivery.subscription_id, sub);
+            assert_eq!(d.event.id, d.delivery.event_id);
+            assert!(!ack.deduplicated);
+        }
+        let mut sequences: Vec<u64> = seen.deliveries.iter().map(|d| d.event.sequence).collect();
+        sequences.sort();
+        assert_eq!(sequences, (1..=20).collect::<Vec<_>>());
+    });
     app.assert_invariants().await;
 }
 
@@ -191,28 +191,29 @@ async fn delivery_lease_lost_is_an_outcome_and_the_next_delivery_of_the_event_is
         .await;
     running.stop().await.unwrap();
 
-    let seen = handler.recorder.seen.lock().unwrap();
-    let epochs: Vec<u64> = seen
-        .deliveries
-        .iter()
-        .map(|d| d.delivery.lease_epoch)
-        .collect();
-    assert_eq!(epochs, [1, 2]);
-    assert_eq!(seen.deliveries[0].event.id, seen.deliveries[1].event.id);
-    let lost: Vec<(String, u64)> = seen
-        .outcomes
-        .iter()
-        .filter_map(|o| match o {
-            Outcome::LeaseLost {
-                delivery_id, epoch, ..
-            } => Some((delivery_id.clone(), *epoch)),
-            _ => None,
-        })
-        .collect();
-    let delivery_id = seen.deliveries[0].delivery.id.clone();
-    assert_eq!(lost, [(delivery_id.clone(), 1)]);
-    assert_eq!(seen.acked()[0].epoch, 2);
-    drop(seen);
+    let delivery_id = handler.recorder.check(|seen| {
+        let epochs: Vec<u64> = seen
+            .deliveries
+            .iter()
+            .map(|d| d.delivery.lease_epoch)
+            .collect();
+        assert_eq!(epochs, [1, 2]);
+        assert_eq!(seen.deliveries[0].event.id, seen.deliveries[1].event.id);
+        let lost: Vec<(String, u64)> = seen
+            .outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::LeaseLost {
+                    delivery_id, epoch, ..
+                } => Some((delivery_id.clone(), *epoch)),
+                _ => None,
+            })
+            .collect();
+        let delivery_id = seen.deliveries[0].delivery.id.clone();
+        assert_eq!(lost, [(delivery_id.clone(), 1)]);
+        assert_eq!(seen.acked()[0].epoch, 2);
+        delivery_id
+    });
     assert_eq!(
         delivery_state(&app, &delivery_id).await,
         ("ACKED".to_owned(), 2)
@@ -251,7 +252,7 @@ async fn event_history_expired_ends_the_run_with_the_earliest_available_sequence
         }
         other => panic!("expected HistoryExpired, got {other:?}"),
     }
-    assert!(recorder.seen.lock().unwrap().deliveries.is_empty());
+    assert!(recorder.check(|r| r.deliveries.is_empty()));
 }
 
 #[actix_web::test]
@@ -323,21 +324,21 @@ async fn after_unavailable_the_consumer_reconnects_and_sends_the_unconfirmed_ack
         .await;
     running.stop().await.unwrap();
 
-    let seen = handler.recorder.seen.lock().unwrap();
-    assert_eq!(seen.deliveries.len(), 1, "never delivered again");
-    let sessions: Vec<String> = seen
-        .outcomes
-        .iter()
-        .filter_map(|o| match o {
-            Outcome::Connected(w) => Some(w.session_id.clone()),
-            _ => None,
-        })
-        .collect();
-    assert!(sessions.len() >= 2, "{:?}", seen.outcomes);
-    let ack = seen.acked()[0].clone();
-    assert_eq!(ack.epoch, 1);
-    let id = seen.deliveries[0].delivery.id.clone();
-    drop(seen);
+    let id = handler.recorder.check(|seen| {
+        assert_eq!(seen.deliveries.len(), 1, "never delivered again");
+        let sessions: Vec<String> = seen
+            .outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Connected(w) => Some(w.session_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert!(sessions.len() >= 2, "{:?}", seen.outcomes);
+        let ack = seen.acked()[0].clone();
+        assert_eq!(ack.epoch, 1);
+        seen.deliveries[0].delivery.id.clone()
+    });
     assert_eq!(delivery_state(&app, &id).await, ("ACKED".to_owned(), 1));
     app.assert_invariants().await;
 }
@@ -360,7 +361,7 @@ async fn the_consumer_pings_at_the_advertised_interval_so_an_idle_connection_out
     let idle_until = Instant::now() + Duration::from_millis(2_500);
     while Instant::now() < idle_until {
         assert!(
-            recorder.seen.lock().unwrap().disconnects().is_empty(),
+            recorder.check(|r| r.disconnects().is_empty()),
             "the idle connection was closed"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -397,7 +398,7 @@ async fn on_shutdown_the_running_handler_finishes_its_ack_is_confirmed_and_the_r
     let took = released.elapsed();
     assert!(stopped.unconfirmed.is_empty());
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert_eq!(handler.recorder.seen.lock().unwrap().acked().len(), 1);
+    assert_eq!(handler.recorder.check(|r| r.acked().len()), 1);
     all_acked(&app, &sub, 1).await;
     app.assert_invariants().await;
 }
@@ -420,7 +421,7 @@ async fn an_ack_unanswered_at_shutdown_is_returned_unconfirmed_and_the_next_run_
     handler.release();
     let stopped = running.stop().await.unwrap();
     block.release().await;
-    let delivered = handler.recorder.seen.lock().unwrap().deliveries[0].clone();
+    let delivered = handler.recorder.check(|r| r.deliveries[0].clone());
     assert_eq!(stopped.unconfirmed, [delivered.proof().clone()]);
 
     // The next run sends the kept proof first.
@@ -430,11 +431,11 @@ async fn an_ack_unanswered_at_shutdown_is_returned_unconfirmed_and_the_next_run_
     recorder.until("the ACK", |r| r.acked().len() == 1).await;
     let stopped = running.stop().await.unwrap();
     assert!(stopped.unconfirmed.is_empty());
-    let seen = recorder.seen.lock().unwrap();
-    assert!(seen.deliveries.is_empty(), "never delivered again");
-    assert_eq!(seen.acked()[0].delivery_id, delivered.delivery.id);
-    assert_eq!(seen.acked()[0].epoch, 1);
-    drop(seen);
+    recorder.check(|seen| {
+        assert!(seen.deliveries.is_empty(), "never delivered again");
+        assert_eq!(seen.acked()[0].delivery_id, delivered.delivery.id);
+        assert_eq!(seen.acked()[0].epoch, 1);
+    });
     all_acked(&app, &sub, 1).await;
     app.assert_invariants().await;
 }
@@ -461,7 +462,7 @@ async fn a_consumer_reconnects_to_a_node_killed_and_restarted_and_gets_what_was_
         .until("three ACKs after the restart", |r| r.acked().len() == 3)
         .await;
     running.stop().await.unwrap();
-    assert_eq!(recorder.seen.lock().unwrap().connections(), 2);
+    assert_eq!(recorder.check(|r| r.connections()), 2);
     all_acked(&app, &sub, 3).await;
     app.assert_invariants().await;
 }

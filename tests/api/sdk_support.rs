@@ -325,3 +325,10 @@ impl Drop for ServerProcess {
         }
     }
 }
+
+impl Recorder {
+    /// Runs `f` on what was recorded (the lock is not held afterwards).
+    pub fn check<T>(&self, f: impl FnOnce(&Recorded) -> T) -> T {
+        f(&self.seen.lock().unwrap())
+    }
+}

@@ -37,6 +37,7 @@ pub struct Remote {
         long,
         global = true,
         env = SERVER_ENV,
+        hide_env_values = true,
         help_heading = "Server and output",
         default_value = "http://127.0.0.1:8080",
         value_name = "URL"
