@@ -3,6 +3,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
+use orbit_events_client::cli::{self as admin, DeliveriesArgs, SubscriptionsArgs};
 
 use crate::{
     config::{Settings, redact_url},
@@ -16,10 +17,19 @@ use crate::{
 /// orbit.events.v1 WebSocket protocol, at least once, persisted before
 /// announced.
 #[derive(Debug, Parser)]
-#[command(name = "orbit-events", version, propagate_version = true)]
+#[command(
+    name = "orbit-events",
+    version,
+    propagate_version = true,
+    after_help = "serve, migrate, bootstrap and credential work on the node's database (see \
+                  --config and config/default.toml); subscriptions and deliveries talk to a \
+                  running node over its HTTP API (--server or ORBIT_EVENTS_URL, token in \
+                  ORBIT_EVENTS_TOKEN). `orbit-events COMMAND --help` says more; README.md and \
+                  docs/ have the guides."
+)]
 pub struct Cli {
     /// Write log lines as JSON (to stderr).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Logging")]
     pub log_json: bool,
 
     #[command(subcommand)]
@@ -51,6 +61,12 @@ pub enum Command {
         #[command(subcommand)]
         command: CredentialCommand,
     },
+    /// List, show, create, pause and resume subscriptions on a running
+    /// node, over its HTTP API (token in ORBIT_EVENTS_TOKEN).
+    Subscriptions(SubscriptionsArgs),
+    /// List and show a subscription's deliveries and re-arm expired ones,
+    /// on a running node over its HTTP API (token in ORBIT_EVENTS_TOKEN).
+    Deliveries(DeliveriesArgs),
 }
 
 #[derive(Debug, Args)]
@@ -102,6 +118,10 @@ pub async fn run(cli: Cli) -> ExitCode {
                     credential_id,
                 },
         } => revoke(config, &credential_id).await,
+        Command::Subscriptions(args) => admin::run_subscriptions(args)
+            .await
+            .map_err(|e| e.to_string()),
+        Command::Deliveries(args) => admin::run_deliveries(args).await.map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -31,8 +31,8 @@ use tokio::sync::Mutex;
 use crate::helpers::*;
 
 /// One multi-node test at a time: each runs three server processes, and
-/// the machine is small.
-static CLUSTER: Mutex<()> = Mutex::const_new(());
+/// the machine is small. The crash test (`sdk_crash`) takes it too.
+pub static CLUSTER: Mutex<()> = Mutex::const_new(());
 
 /// How long a whole multi-node run may take before the test fails.
 const RUN_DEADLINE: Duration = Duration::from_secs(240);
