@@ -1,5 +1,7 @@
-//! Building and running one node: `Application::build(settings)` binds the
-//! listener (port 0 picks a free one, for tests) and starts the actors.
+//! Building, running and stopping one node: `Application::build(settings)`
+//! binds the listener (port 0 picks a free one, for tests) and starts the
+//! actors; a node stops completely (HTTP server, delivery thread, pools)
+//! when its server stops. [`NodeThread`] runs one on a thread of its own.
 
 use std::{
     net::TcpListener,
@@ -7,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use actix::{Actor, Addr, Arbiter};
+use actix::Actor;
 use actix_web::{
     App, HttpServer,
     dev::{Server, ServerHandle},
@@ -15,7 +17,10 @@ use actix_web::{
     web,
 };
 use sea_orm::DbBackend;
-use tokio::sync::watch;
+use tokio::{
+    sync::{oneshot, watch},
+    task::LocalSet,
+};
 
 use crate::{
     config::Settings,
@@ -38,6 +43,15 @@ use crate::{
 /// SQLite busy wait, 5 s) with room to spare.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 
+/// How long a stopped node waits for its pools to close: every connection
+/// is back by then unless something outside the node still holds one.
+const POOL_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the delivery thread, once its actors and tasks are dropped,
+/// keeps running what those drops started (sqlx returning connections to
+/// their pools, the listener's `UNLISTEN`) before its runtime goes away.
+const DELIVERY_SETTLE: Duration = Duration::from_secs(1);
+
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -48,14 +62,27 @@ pub enum StartupError {
         address: String,
         source: std::io::Error,
     },
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
 }
 
-/// A built node, listening, not yet running.
+/// A built node, listening, not yet running. Dropped without being run,
+/// it stops its delivery thread (and its HTTP workers) at once.
+///
+/// Stopping a running node (decision 0070): call [`Shutdown::begin`] on
+/// [`Application::shutdown`] (what SIGTERM does: WebSocket connections
+/// drain and close with 1001, then in-flight HTTP requests get 5 s) or
+/// [`Shutdown::begin_prompt`] (the same drain, then open HTTP connections
+/// close at once), and await [`Application::run_until_stopped`]: it returns
+/// once the HTTP server, the delivery actors, the PostgreSQL listener and
+/// the database pools have all stopped, so the node holds no thread, task
+/// or database connection any more. [`NodeThread`] does the same for a
+/// node running on a thread of its own.
 pub struct Application {
     port: u16,
     server: Server,
     state: AppState,
-    _delivery: Arbiter,
+    delivery: DeliveryThread,
 }
 
 impl Application {
@@ -91,7 +118,6 @@ impl Application {
 
         // The delivery actors get their own thread so that claim and
         // materialization futures never share a thread with HTTP workers.
-        let delivery = Arbiter::new();
         let limits = &settings.limits;
         let pool_limits = PoolLimits {
             max_connections: limits.max_connections,
@@ -100,58 +126,46 @@ impl Application {
             claims_queued: limits.claims_queued,
         };
         let lease = settings.timing.lease();
-        let pool_db = db.clone();
-        let pool_metrics = metrics.clone();
-        let pool: Addr<LeasePoolActor> =
-            LeasePoolActor::start_in_arbiter(&delivery.handle(), move |_| {
-                LeasePoolActor::new(pool_db, pool_limits, lease, pool_metrics)
-            });
-        // Several nodes share one database only on PostgreSQL: there, local
-        // wakes are NOTIFYed to the other nodes and theirs are LISTENed for.
-        let shared = db.backend() == DbBackend::Postgres;
-        let announcer =
-            shared.then(|| Announcer::start(db.clone(), node_id.clone(), &delivery.handle()));
-        let scanner_db = db.clone();
-        let scanner_pool = pool.clone();
         let per_round = limits.claims_per_scan_round;
         let scan_interval = settings.timing.scan_interval();
-        let scanner_metrics = metrics.clone();
-        let scanner: Addr<ScannerActor> =
-            ScannerActor::start_in_arbiter(&delivery.handle(), move |_| {
-                ScannerActor::new(
-                    scanner_db,
-                    scanner_pool,
-                    per_round,
-                    scan_interval,
-                    announcer,
-                    scanner_metrics,
-                )
-            });
-        let sweeper_db = db.clone();
-        let sweeper_node = node_id.clone();
-        let sweeper_scanner = scanner.clone();
-        let sweeper_metrics = metrics.clone();
         let sweep_interval = settings.timing.sweep_interval();
         let retention_settings = settings.retention.clone();
-        let sweeper: Addr<SweeperActor> =
-            SweeperActor::start_in_arbiter(&delivery.handle(), move |_| {
-                SweeperActor::new(
-                    sweeper_db,
-                    sweeper_node,
-                    sweeper_scanner,
-                    sweeper_metrics,
-                    sweep_interval,
-                    retention_settings,
-                )
-            });
-        if shared {
-            listener::start_listener(
-                settings.database.url.clone(),
+        let listen_url = settings.database.url.clone();
+        let delivery_db = db.clone();
+        let delivery_node = node_id.clone();
+        let delivery_metrics = metrics.clone();
+        let (delivery, (pool, scanner, sweeper)) = DeliveryThread::start(move || {
+            let (db, node_id, metrics) = (delivery_db, delivery_node, delivery_metrics);
+            let pool = LeasePoolActor::new(db.clone(), pool_limits, lease, metrics.clone()).start();
+            // Several nodes share one database only on PostgreSQL: there,
+            // local wakes are NOTIFYed to the other nodes and theirs are
+            // LISTENed for.
+            let shared = db.backend() == DbBackend::Postgres;
+            let announcer = shared.then(|| Announcer::start(db.clone(), node_id.clone()));
+            let scanner = ScannerActor::new(
+                db.clone(),
+                pool.clone(),
+                per_round,
+                scan_interval,
+                announcer,
+                metrics.clone(),
+            )
+            .start();
+            let sweeper = SweeperActor::new(
+                db,
                 node_id.clone(),
                 scanner.clone(),
-                &delivery.handle(),
-            );
-        }
+                metrics,
+                sweep_interval,
+                retention_settings,
+            )
+            .start();
+            if shared {
+                listener::start_listener(listen_url, node_id, scanner.clone());
+            }
+            (pool, scanner, sweeper)
+        })
+        .map_err(StartupError::Thread)?;
 
         let state = AppState {
             db,
@@ -201,7 +215,7 @@ impl Application {
             port,
             server,
             state,
-            _delivery: delivery,
+            delivery,
         })
     }
 
@@ -215,17 +229,40 @@ impl Application {
         &self.state
     }
 
-    /// Serves until the server stops. When [`Shutdown::begin`] is called
-    /// (by `run_until_signal`, or a test), the node drains: see [`drain`].
+    /// The node's stop handle (the one in its state): see [`Application`]
+    /// for what stopping does.
+    pub fn shutdown(&self) -> Shutdown {
+        self.state.shutdown.clone()
+    }
+
+    /// Serves until the server stops, then stops the rest of the node: the
+    /// delivery thread (its actors and the PostgreSQL listener are dropped
+    /// inside its live runtime) and the database pools, so nothing of the
+    /// node keeps running or holds a connection afterwards. When
+    /// [`Shutdown::begin`] (or [`Shutdown::begin_prompt`]) is called, by
+    /// `run_until_signal`, [`NodeThread`] or a test, the node drains first:
+    /// see [`drain`].
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let handle = self.server.handle();
-        let state = self.state.clone();
+        let Application {
+            server,
+            state,
+            delivery,
+            ..
+        } = self;
+        let handle = server.handle();
+        let drained = state.clone();
         let drainer = actix_web::rt::spawn(async move {
-            state.shutdown.begun().await;
-            drain(&state, handle).await;
+            drained.shutdown.begun().await;
+            drain(&drained, handle).await;
         });
-        let result = self.server.await;
+        let result = server.await;
         drainer.abort();
+        delivery.stop().await;
+        match tokio::time::timeout(POOL_CLOSE_TIMEOUT, state.db.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "could not close the database pools"),
+            Err(_) => tracing::warn!("database connections still in use after the node stopped"),
+        }
         result
     }
 
@@ -259,27 +296,60 @@ impl Application {
 /// each one stops taking frames, lets its in-flight hello/ACK/ping finish
 /// (their replies are written), then closes with 1001.
 #[derive(Clone, Debug)]
-pub struct Shutdown(Arc<watch::Sender<bool>>);
+pub struct Shutdown(Arc<watch::Sender<Option<StopMode>>>);
+
+/// How the HTTP server stops once the connections have drained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopMode {
+    /// In-flight HTTP requests get the server's shutdown timeout.
+    Graceful,
+    /// Open HTTP connections are closed at once.
+    Prompt,
+}
 
 impl Shutdown {
     pub fn new() -> Shutdown {
-        Shutdown(Arc::new(watch::Sender::new(false)))
+        Shutdown(Arc::new(watch::Sender::new(None)))
     }
 
-    /// Starts the drain (idempotent).
+    /// Starts the drain (idempotent): what SIGTERM does.
     pub fn begin(&self) {
-        self.0.send_replace(true);
+        self.0.send_if_modified(|mode| {
+            let begins = mode.is_none();
+            if begins {
+                *mode = Some(StopMode::Graceful);
+            }
+            begins
+        });
+    }
+
+    /// As [`Shutdown::begin`] (WebSocket connections drain and close with
+    /// 1001 all the same), but once they have, the HTTP server closes its
+    /// open HTTP connections at once instead of giving them its shutdown
+    /// timeout (5 s): for stopping a node nobody uses any more, e.g. at
+    /// the end of a test, where idle keep-alive connections would hold the
+    /// stop for the whole timeout. Also shortens a drain already begun.
+    pub fn begin_prompt(&self) {
+        self.0.send_if_modified(|mode| {
+            let changes = *mode != Some(StopMode::Prompt);
+            *mode = Some(StopMode::Prompt);
+            changes
+        });
     }
 
     pub fn is_begun(&self) -> bool {
-        *self.0.borrow()
+        self.0.borrow().is_some()
+    }
+
+    fn is_prompt(&self) -> bool {
+        *self.0.borrow() == Some(StopMode::Prompt)
     }
 
     /// Resolves once [`Shutdown::begin`] has been called.
     pub async fn begun(&self) {
         let mut rx = self.0.subscribe();
         // The sender lives in `self`, so `wait_for` cannot see it dropped.
-        let _ = rx.wait_for(|begun| *begun).await;
+        let _ = rx.wait_for(Option::is_some).await;
     }
 }
 
@@ -292,8 +362,9 @@ impl Default for Shutdown {
 /// Drains a node: stop accepting, wait (at most [`SHUTDOWN_GRACE`]) until
 /// every WebSocket connection has finished its in-flight database work and
 /// closed with 1001, mark this node's sessions closed, then stop the HTTP
-/// server gracefully. Leases already committed stay in the database and are
-/// recovered after they lapse.
+/// server: gracefully, or at once after [`Shutdown::begin_prompt`]. Leases
+/// already committed stay in the database and are recovered after they
+/// lapse.
 async fn drain(state: &AppState, handle: ServerHandle) {
     handle.pause().await;
     let deadline = Instant::now() + SHUTDOWN_GRACE;
@@ -322,7 +393,7 @@ async fn drain(state: &AppState, handle: ServerHandle) {
         Ok(_) => {}
         Err(err) => tracing::warn!(error = %err, "could not close this node's sessions"),
     }
-    handle.stop(true).await;
+    handle.stop(!state.shutdown.is_prompt()).await;
 }
 
 /// The next SIGTERM or SIGINT.
@@ -344,6 +415,187 @@ fn set_tcp_user_timeout(conn: &dyn std::any::Any, timeout: Duration) {
         let sock = socket2::SockRef::from(stream);
         if let Err(err) = sock.set_tcp_user_timeout(Some(timeout)) {
             tracing::warn!(error = %err, "could not set TCP_USER_TIMEOUT");
+        }
+    }
+}
+
+/// The thread the delivery actors run on: a current-thread Tokio runtime
+/// with a local task set, as an actix `Arbiter` is, but one that drops its
+/// tasks inside its live runtime when it stops. An `Arbiter` drops its task
+/// set after its runtime has left the thread's context, and sqlx then
+/// panics ("requires a Tokio context") where a dropped connection spawns
+/// its return to the pool, or the LISTEN connection its `UNLISTEN`.
+struct DeliveryThread {
+    stop: Option<oneshot::Sender<()>>,
+    stopped: Option<oneshot::Receiver<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DeliveryThread {
+    /// Starts the thread and runs `start` on it (actors started there with
+    /// `Actor::start`, tasks with `actix::spawn`, live on that thread);
+    /// returns what `start` returned.
+    fn start<T: Send + 'static>(
+        start: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<(DeliveryThread, T)> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let (stopped_tx, stopped_rx) = oneshot::channel::<()>();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("orbit-delivery".to_owned())
+            .spawn(move || {
+                let tasks = LocalSet::new();
+                tasks.block_on(&runtime, async move {
+                    let _ = started_tx.send(start());
+                    // Stops on `stop`, or when the handle is gone.
+                    let _ = stop_rx.await;
+                });
+                {
+                    let _context = runtime.enter();
+                    drop(tasks);
+                }
+                runtime.block_on(async {
+                    let deadline = tokio::time::Instant::now() + DELIVERY_SETTLE;
+                    let metrics = tokio::runtime::Handle::current().metrics();
+                    while metrics.num_alive_tasks() > 0 && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                });
+                // Whatever is still left is dropped inside the runtime too.
+                drop(runtime);
+                let _ = stopped_tx.send(());
+            })?;
+        let started = started_rx.recv().map_err(|_| {
+            std::io::Error::other("the delivery thread stopped while starting its actors")
+        })?;
+        let delivery = DeliveryThread {
+            stop: Some(stop_tx),
+            stopped: Some(stopped_rx),
+            thread: Some(thread),
+        };
+        Ok((delivery, started))
+    }
+
+    /// Stops the thread and waits for it without blocking the caller's
+    /// runtime.
+    async fn stop(mut self) {
+        self.stop.take();
+        if let Some(stopped) = self.stopped.take() {
+            let _ = stopped.await;
+        }
+        self.join();
+    }
+
+    fn join(&mut self) {
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the delivery thread panicked");
+        }
+    }
+}
+
+impl Drop for DeliveryThread {
+    /// Stops the thread and waits for it (at most about [`DELIVERY_SETTLE`]).
+    fn drop(&mut self) {
+        self.stop.take();
+        self.join();
+    }
+}
+
+/// A node serving on a thread of its own (its own actix System), for tests
+/// and for embedding a node in a program: whatever the caller's runtime
+/// does, or when it goes away, the node keeps running until stopped, and
+/// stops inside its own runtime. [`NodeThread::stop`], or dropping it,
+/// stops the node promptly ([`Shutdown::begin_prompt`]: WebSocket
+/// connections drain and close with 1001, the HTTP server stops, then the
+/// delivery thread and the pools) and waits until it has stopped.
+///
+/// The wait needs nothing from the caller's runtime as long as the node's
+/// pools are used by the node alone: a caller that queries the database
+/// should open its own [`Database`] (a connection opened by a task of the
+/// caller's runtime is driven by that runtime).
+pub struct NodeThread {
+    port: u16,
+    state: AppState,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl NodeThread {
+    /// Builds the node ([`Application::build`]) on a new thread and starts
+    /// serving; resolves once it listens.
+    pub async fn start(settings: Settings) -> Result<NodeThread, StartupError> {
+        let (started_tx, started_rx) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("orbit-node".to_owned())
+            .spawn(move || {
+                actix_web::rt::System::new().block_on(async move {
+                    match Application::build(settings).await {
+                        Ok(app) => {
+                            let _ = started_tx.send(Ok((app.port(), app.state().clone())));
+                            app.run_until_stopped().await
+                        }
+                        Err(err) => {
+                            let _ = started_tx.send(Err(err));
+                            Ok(())
+                        }
+                    }
+                })
+            })
+            .map_err(StartupError::Thread)?;
+        match started_rx.await {
+            Ok(Ok((port, state))) => Ok(NodeThread {
+                port,
+                state,
+                thread: Some(thread),
+            }),
+            Ok(Err(err)) => {
+                let _ = thread.join();
+                Err(err)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(StartupError::Thread(std::io::Error::other(
+                    "the node's thread stopped while starting",
+                )))
+            }
+        }
+    }
+
+    /// The bound port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The node's shared state (its actors, its [`Shutdown`]).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Stops the node promptly and waits until it has stopped; returns how
+    /// its HTTP server ended.
+    pub fn stop(mut self) -> std::io::Result<()> {
+        self.stop_and_wait()
+    }
+
+    fn stop_and_wait(&mut self) -> std::io::Result<()> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        self.state.shutdown.begin_prompt();
+        thread
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the node's thread panicked")))
+    }
+}
+
+impl Drop for NodeThread {
+    fn drop(&mut self) {
+        if let Err(err) = self.stop_and_wait() {
+            tracing::warn!(error = %err, "the node stopped with an error");
         }
     }
 }

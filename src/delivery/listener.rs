@@ -162,13 +162,14 @@ impl Shared {
 }
 
 impl Announcer {
-    /// Starts the sending task on `arbiter`, sending as `node_id`.
-    pub fn start(db: Database, node_id: NodeId, arbiter: &actix::ArbiterHandle) -> Announcer {
+    /// Starts the sending task on the current thread's local task set (the
+    /// node's delivery thread), sending as `node_id`.
+    pub fn start(db: Database, node_id: NodeId) -> Announcer {
         let shared = Arc::new(Shared {
             pending: Mutex::new(HashSet::new()),
             ready: Notify::new(),
         });
-        arbiter.spawn(send_forever(db, node_id, shared.clone()));
+        actix::spawn(send_forever(db, node_id, shared.clone()));
         Announcer { shared }
     }
 
@@ -212,19 +213,17 @@ async fn send_forever(db: Database, node_id: NodeId, shared: Arc<Shared>) {
     }
 }
 
-/// Starts this node's listener on `arbiter`: `LISTEN` on [`CHANNEL`] over a
+/// Starts this node's listener on the current thread's local task set (the
+/// node's delivery thread, which drops it inside its live runtime when the
+/// node stops: sqlx's listener spawns its `UNLISTEN` when dropped, and
+/// panics outside a runtime): `LISTEN` on [`CHANNEL`] over a
 /// dedicated connection (outside the pool, so `database.max_connections`
 /// stays what it says), reconnecting with a capped backoff. Every wake from
 /// another node becomes a [`RemoteWake`] for `scanner`; after every
 /// (re)connection the scanner gets a [`WakeAll`], since notifications sent
 /// while nobody listened are gone.
-pub fn start_listener(
-    url: String,
-    node_id: NodeId,
-    scanner: Addr<ScannerActor>,
-    arbiter: &actix::ArbiterHandle,
-) {
-    arbiter.spawn(listen_forever(url, node_id, scanner));
+pub fn start_listener(url: String, node_id: NodeId, scanner: Addr<ScannerActor>) {
+    actix::spawn(listen_forever(url, node_id, scanner));
 }
 
 async fn listen_forever(url: String, node_id: NodeId, scanner: Addr<ScannerActor>) {

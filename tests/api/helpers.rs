@@ -9,7 +9,7 @@ use futures_util::{SinkExt, StreamExt};
 use orbit_events::{
     config::Settings,
     domain::{Permission, random_hex_id},
-    startup::Application,
+    startup::NodeThread,
     state::AppState,
     store::{Database, tenancy},
 };
@@ -33,10 +33,15 @@ pub const DEADLINE: Duration = Duration::from_secs(15);
 pub struct TestApp {
     pub address: String,
     pub port: u16,
+    /// The test's own pools on the node's database (the node's are closed
+    /// when it stops, and stopping it must not wait on the test's runtime).
     pub db: Database,
     pub state: AppState,
     pub http: reqwest::Client,
     pub settings: Settings,
+    /// Dropping it stops the node and waits until it has stopped (before
+    /// `_dir`, the SQLite file's folder, goes).
+    _node: NodeThread,
     _dir: tempfile::TempDir,
 }
 
@@ -81,26 +86,30 @@ pub async fn spawn_app() -> TestApp {
 }
 
 /// Starts a node with the defaults, a fresh SQLite file and `customize`
-/// applied (short timings for timed rules).
+/// applied (short timings for timed rules). The node runs on a thread of
+/// its own and stops completely when the `TestApp` is dropped.
 pub async fn spawn_app_with(customize: impl FnOnce(&mut Settings)) -> TestApp {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings = Settings::defaults().expect("defaults");
     settings.server.listen = "127.0.0.1:0".to_owned();
     settings.database.url = fresh_database_url(&dir).await;
     customize(&mut settings);
-    let app = Application::build(settings.clone())
+    let node = NodeThread::start(settings.clone())
         .await
         .expect("build app");
-    let port = app.port();
-    let state = app.state().clone();
-    actix_web::rt::spawn(app.run_until_stopped());
+    let port = node.port();
+    let state = node.state().clone();
+    let db = Database::connect(&settings.database)
+        .await
+        .expect("connect to the node's database");
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
         port,
-        db: state.db.clone(),
+        db,
         state,
         http: reqwest::Client::new(),
         settings,
+        _node: node,
         _dir: dir,
     }
 }
