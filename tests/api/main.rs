@@ -34,4 +34,5 @@ mod sdk_guide;
 mod sdk_management;
 mod sdk_support;
 mod skeleton;
+mod trial;
 mod wakes;

@@ -1,0 +1,41 @@
+//! Rules found by trying the product as a new user, from the README only:
+//! the node's command line refuses what could only surprise later, and its
+//! log output is fit for files and collectors.
+
+use std::process::{Command, Output};
+
+fn orbit_events(args: &[&str], database_url: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_orbit-events"))
+        .args(args)
+        .env("ORBIT_EVENTS__DATABASE__URL", database_url)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+#[actix_web::test]
+async fn bootstrap_without_an_access_flag_is_refused_before_the_database_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cli.db");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let out = orbit_events(
+        &[
+            "bootstrap",
+            "--namespace",
+            "demo",
+            "--application",
+            "app",
+            "--queue",
+            "results",
+        ],
+        &url,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "no credential is printed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--event-access") && stderr.contains("--publish-access"),
+        "the message names both flags: {stderr}"
+    );
+    assert!(!file.exists(), "nothing was created: {}", file.display());
+}
