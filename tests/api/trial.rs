@@ -39,3 +39,17 @@ async fn bootstrap_without_an_access_flag_is_refused_before_the_database_is_touc
     );
     assert!(!file.exists(), "nothing was created: {}", file.display());
 }
+
+#[actix_web::test]
+async fn log_lines_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/log.db?mode=rwc", dir.path().display());
+    let out = orbit_events(&["migrate"], &url);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("migrations applied"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no escape sequences: {stderr:?}"
+    );
+}
