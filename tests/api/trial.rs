@@ -53,3 +53,34 @@ async fn log_lines_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
         "no escape sequences: {stderr:?}"
     );
 }
+
+#[actix_web::test]
+async fn a_heartbeat_interval_not_below_the_read_idle_timeout_stops_start_up_naming_both_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/timing.db?mode=rwc", dir.path().display());
+    let run = |heartbeat: &str, idle: &str| {
+        Command::new(env!("CARGO_BIN_EXE_orbit-events"))
+            .arg("migrate")
+            .env("ORBIT_EVENTS__DATABASE__URL", &url)
+            .env("ORBIT_EVENTS__TIMING__HEARTBEAT_INTERVAL_MS", heartbeat)
+            .env("ORBIT_EVENTS__TIMING__READ_IDLE_TIMEOUT_MS", idle)
+            .output()
+            .unwrap()
+    };
+    for (heartbeat, idle) in [("15000", "3000"), ("3000", "3000")] {
+        let out = run(heartbeat, idle);
+        assert_eq!(out.status.code(), Some(1), "{heartbeat} vs {idle}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("timing.heartbeat_interval_ms")
+                && stderr.contains("timing.read_idle_timeout_ms"),
+            "{stderr}"
+        );
+    }
+    let out = run("1000", "3000");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
