@@ -53,8 +53,9 @@ pub enum Command {
     /// Apply database migrations and exit.
     Migrate(ConfigArg),
     /// Create (or reuse, by name) a namespace, application and queue, and a
-    /// new credential scoped to that queue. Prints one JSON object on
-    /// stdout; the token in it is shown only this once.
+    /// new credential scoped to that queue, with --event-access,
+    /// --publish-access or both. Prints one JSON object on stdout; the token
+    /// in it is shown only this once.
     Bootstrap(BootstrapArgs),
     /// Manage credentials.
     Credential {
@@ -192,6 +193,15 @@ async fn bootstrap(args: BootstrapArgs) -> Result<(), String> {
                 "{flag} must be 1-128 characters: a letter or digit, then letters, digits, '.', '_' or '-'"
             ));
         }
+    }
+    // A credential without a permission can do nothing but fail with 403;
+    // creating one silently only defers the user's surprise.
+    if !args.event_access && !args.publish_access {
+        return Err(
+            "give --event-access (subscriptions and the WebSocket), --publish-access \
+             (appending results), or both: a credential without either could do nothing"
+                .to_owned(),
+        );
     }
     let mut permissions = Vec::new();
     if args.event_access {

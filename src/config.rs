@@ -227,6 +227,20 @@ impl Settings {
                 return Err(SettingsError(format!("{key} must be greater than 0")));
             }
         }
+        // Consumers ping at the interval the welcome advertises; at or above
+        // the read idle timeout every well-behaved connection would be
+        // closed as idle (decision 0075).
+        let (heartbeat, idle) = (
+            self.timing.heartbeat_interval_ms,
+            self.timing.read_idle_timeout_ms,
+        );
+        if heartbeat >= idle {
+            return Err(SettingsError(format!(
+                "timing.heartbeat_interval_ms ({heartbeat}) must be below \
+                 timing.read_idle_timeout_ms ({idle}): consumers ping at the advertised \
+                 heartbeat interval, and a connection silent for the read idle timeout is closed"
+            )));
+        }
         Ok(())
     }
 }

@@ -35,4 +35,5 @@ mod sdk_management;
 mod sdk_support;
 mod skeleton;
 mod teardown;
+mod trial;
 mod wakes;
