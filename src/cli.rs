@@ -194,13 +194,14 @@ async fn bootstrap(args: BootstrapArgs) -> Result<(), String> {
             ));
         }
     }
-    // A credential without a permission can do nothing but fail with 403;
-    // creating one silently only defers the user's surprise.
+    // The spec keeps both flags optional (http-api.md §1: the `events:*`
+    // actions only with an explicit flag), so a credential without either is
+    // still created; but it can do nothing except get 403, so say so.
     if !args.event_access && !args.publish_access {
-        return Err(
-            "give --event-access (subscriptions and the WebSocket), --publish-access \
-             (appending results), or both: a credential without either could do nothing"
-                .to_owned(),
+        eprintln!(
+            "orbit-events: warning: this credential has no permission and will get 403 \
+             everywhere; give --event-access (subscriptions and the WebSocket), \
+             --publish-access (appending results), or both"
         );
     }
     let mut permissions = Vec::new();

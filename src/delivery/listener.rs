@@ -228,16 +228,27 @@ pub fn start_listener(url: String, node_id: NodeId, scanner: Addr<ScannerActor>)
 
 async fn listen_forever(url: String, node_id: NodeId, scanner: Addr<ScannerActor>) {
     let mut backoff = BACKOFF_MIN;
+    // Set after a failure, so that the operator who read "retrying" also
+    // reads that it worked.
+    let mut failed = false;
     loop {
         match connect(&url, &node_id).await {
             Ok(mut listener) => {
                 backoff = BACKOFF_MIN;
                 scanner.do_send(WakeAll);
-                tracing::debug!("listening for wakes from other nodes");
+                if std::mem::take(&mut failed) {
+                    tracing::info!("listening for wakes from other nodes again");
+                } else {
+                    tracing::debug!("listening for wakes from other nodes");
+                }
                 let err = receive(&mut listener, &node_id, &scanner).await;
                 tracing::warn!(error = %err, "listener connection lost; reconnecting");
+                failed = true;
             }
-            Err(err) => tracing::warn!(error = %err, "cannot LISTEN for wakes; retrying"),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot LISTEN for wakes; retrying");
+                failed = true;
+            }
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);

@@ -60,7 +60,10 @@ impl Database {
                 .acquire_timeout(ACQUIRE_TIMEOUT)
                 .connect_timeout(CONNECT_TIMEOUT)
                 .sqlx_logging(false);
-            let conn = sea_orm::Database::connect(opts).await?;
+            let conn = match sea_orm::Database::connect(opts).await {
+                Ok(conn) => conn,
+                Err(err) => return Err(postgres_connect_failure(url, err).await),
+            };
             Ok(Database {
                 read: conn.clone(),
                 write: conn,
@@ -68,7 +71,7 @@ impl Database {
             })
         } else {
             Err(DbErr::Custom(format!(
-                "database.url must start with sqlite: or postgres:// (got {})",
+                "database.url must start with sqlite:, postgres:// or postgresql:// (got {})",
                 redact_url(url)
             )))
         }
@@ -216,6 +219,26 @@ fn sqlite_path(url: &str) -> Option<&str> {
         .or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next()?;
     (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+/// The pool reports only "pool timed out" when PostgreSQL cannot be
+/// reached; one direct connection attempt names the cause (refused, unknown
+/// host, authentication failed). sqlx's messages carry no password.
+async fn postgres_connect_failure(url: &str, err: DbErr) -> DbErr {
+    use sea_orm::sqlx::{Connection, postgres::PgConnection};
+    let Ok(options) = url.parse::<sea_orm::sqlx::postgres::PgConnectOptions>() else {
+        return err;
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Ok(Err(cause)) => DbErr::Custom(format!("{err} (cause: {cause})")),
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            err
+        }
+        Err(_) => DbErr::Custom(format!(
+            "{err} (cause: no answer within {CONNECT_TIMEOUT:?})"
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -404,6 +404,13 @@ impl ConnectionActor {
         match (&self.phase, env.frame_type) {
             (Phase::Closing, _) => {}
             (Phase::AwaitingHello, ClientFrameType::Hello) => {
+                if env.session_id.is_some() {
+                    return self.close(
+                        ctx,
+                        CloseCode::Policy,
+                        "events.hello must not carry session_id",
+                    );
+                }
                 self.last_valid_frame = Instant::now();
                 self.on_hello(ctx, env, permit);
             }
@@ -415,7 +422,11 @@ impl ConnectionActor {
                 );
             }
             (Phase::Bound(_), ClientFrameType::Hello) => {
-                self.close(ctx, CloseCode::Policy, "session_id is missing");
+                self.close(
+                    ctx,
+                    CloseCode::Policy,
+                    "events.hello must come first and only once",
+                );
             }
             (Phase::Bound(b), ClientFrameType::Ack | ClientFrameType::Ping) => {
                 if env.session_id.as_deref() != Some(b.session_id.as_str()) {

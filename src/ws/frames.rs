@@ -71,8 +71,9 @@ pub struct EnvelopeError(pub String);
 
 /// Parses and checks a client frame's envelope: strict JSON (no duplicate
 /// key at any depth), known fields only, `protocol_version` "1", a known
-/// client type, a 32-hex `message_id`, no `reply_to` or `error`, and no
-/// `session_id` on a hello.
+/// client type, a 32-hex `message_id`, no `reply_to` or `error`. Whether
+/// `session_id` must be present depends on the session's phase, which the
+/// connection checks.
 pub fn parse_envelope(text: &str) -> Result<ClientEnvelope, EnvelopeError> {
     if !is_object(text) {
         return Err(EnvelopeError(
@@ -92,11 +93,6 @@ pub fn parse_envelope(text: &str) -> Result<ClientEnvelope, EnvelopeError> {
     if raw.reply_to.is_some() || raw.error.is_some() {
         return Err(EnvelopeError(
             "client frames carry neither reply_to nor error".to_owned(),
-        ));
-    }
-    if frame_type == ClientFrameType::Hello && raw.session_id.is_some() {
-        return Err(EnvelopeError(
-            "events.hello must not carry session_id".to_owned(),
         ));
     }
     Ok(ClientEnvelope {

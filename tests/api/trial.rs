@@ -14,7 +14,7 @@ fn orbit_events(args: &[&str], database_url: &str) -> Output {
 }
 
 #[actix_web::test]
-async fn bootstrap_without_an_access_flag_is_refused_before_the_database_is_touched() {
+async fn bootstrap_without_an_access_flag_creates_a_credential_without_permissions_and_warns() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cli.db");
     let url = format!("sqlite://{}?mode=rwc", file.display());
@@ -30,14 +30,21 @@ async fn bootstrap_without_an_access_flag_is_refused_before_the_database_is_touc
         ],
         &url,
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(out.stdout.is_empty(), "no credential is printed");
+    assert_eq!(out.status.code(), Some(0));
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["permissions"], serde_json::json!([]), "{printed}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--event-access") && stderr.contains("--publish-access"),
-        "the message names both flags: {stderr}"
+        stderr.contains("warning")
+            && stderr.contains("--event-access")
+            && stderr.contains("--publish-access"),
+        "the warning names both flags: {stderr}"
     );
-    assert!(!file.exists(), "nothing was created: {}", file.display());
+    let token = printed["token"].as_str().unwrap();
+    assert!(
+        !stderr.contains(token),
+        "the token is printed only once, on stdout"
+    );
 }
 
 #[actix_web::test]
