@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use crate::{
     config::Settings,
     delivery::{
+        acks::AckBatcher,
         listener::{self, Announcer},
         pool::{GetPoolStats, LeasePoolActor, PoolLimits},
         scanner::ScannerActor,
@@ -153,12 +154,14 @@ impl Application {
             );
         }
 
+        let acks = AckBatcher::start(db.clone(), &delivery.handle());
         let state = AppState {
             db,
             settings: settings.clone(),
             scanner,
             pool,
             sweeper,
+            acks,
             metrics,
             node_id,
             shutdown: Shutdown::new(),
