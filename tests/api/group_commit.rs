@@ -210,3 +210,66 @@ async fn an_ack_the_database_rejects_does_not_fail_the_other_acks_of_its_batch()
     execute(&app, drop).await;
     app.assert_invariants().await;
 }
+
+#[cfg(feature = "test-hooks")]
+#[actix_web::test]
+async fn claims_of_sessions_of_one_subscription_waiting_together_share_one_transaction() {
+    use orbit_events::delivery::pool::{GetPoolStats, HoldClaims, HoldPoint};
+    use std::collections::HashSet;
+
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = subscription(&app, &cred).await;
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(app.bind(&cred.token, &sub, 2).await);
+    }
+    claims_settled(&app, 3).await;
+    // The next claim holds the application's only claim slot (before its
+    // transaction begins); the other two sessions' claims wait behind it.
+    app.state
+        .pool
+        .send(HoldClaims(Some(HoldPoint::BeforeTransaction)))
+        .await
+        .unwrap();
+    publish_n(&app, &cred, 6, "task.succeeded").await;
+    wait_until("6 deliveries materialized", || async {
+        app.scalar("SELECT COUNT(*) FROM deliveries").await == 6
+    })
+    .await;
+    let pool = &app.state.pool;
+    wait_until("one claim holds the slot and two wait", || async move {
+        let s = pool.send(GetPoolStats).await.unwrap();
+        s.claims_in_flight == 1 && s.claims_waiting == 2
+    })
+    .await;
+    app.state.pool.send(HoldClaims(None)).await.unwrap();
+
+    // Capacity 2 each: every session receives exactly 2 before any ACK.
+    let mut received = Vec::new();
+    let mut ids = HashSet::new();
+    for ws in &mut sessions {
+        let mut mine = Vec::new();
+        for _ in 0..2 {
+            let d = ws.delivery().await;
+            assert!(ids.insert(d["body"]["delivery"]["id"].as_str().unwrap().to_owned()));
+            mine.push(d);
+        }
+        received.push(mine);
+    }
+    assert_eq!(ids.len(), 6);
+    for (ws, mine) in sessions.iter_mut().zip(&received) {
+        for d in mine {
+            assert_eq!(ws.ack(d).await["type"], "ack");
+        }
+    }
+    let s = app.state.pool.send(GetPoolStats).await.unwrap();
+    assert!(s.max_claims_per_transaction_seen >= 2, "{s:?}");
+    assert_eq!(s.max_claims_in_flight_per_application_seen, 1, "{s:?}");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM deliveries WHERE state = 'ACKED' AND revision = 3")
+            .await,
+        6
+    );
+    app.assert_invariants().await;
+}
