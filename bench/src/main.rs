@@ -295,7 +295,9 @@ async fn run(args: RunArgs) -> Result<()> {
         load_before,
         load_average()
     );
-    println!("durability: orbit-events SQLite WAL synchronous=FULL, PostgreSQL synchronous_commit=on; Redis appendfsync always; queues commit every ACK");
+    println!(
+        "durability: orbit-events SQLite WAL synchronous=FULL, PostgreSQL synchronous_commit=on; Redis appendfsync always; queues commit every ACK"
+    );
     println!("each cell: median (min–max); latencies in ms");
     print_table(&summaries);
     print_ratios(&summaries);
@@ -384,10 +386,9 @@ fn print_ratios(summaries: &[Summary]) {
                 println!("{orbit} acked/s ÷ {base}: {:.2}×", ours / theirs);
             }
         }
-        if let (Some(ours), Some(theirs)) = (
-            median(orbit, &|s| s.p99_ms),
-            median("redis", &|s| s.p99_ms),
-        ) {
+        if let (Some(ours), Some(theirs)) =
+            (median(orbit, &|s| s.p99_ms), median("redis", &|s| s.p99_ms))
+        {
             println!("{orbit} p99 ÷ redis p99: {:.2}×", ours / theirs);
         }
     }

@@ -109,7 +109,10 @@ impl Node {
             "--event-access",
             "--publish-access",
         ]);
-        let out = boot.output().await.context("running orbit-events bootstrap")?;
+        let out = boot
+            .output()
+            .await
+            .context("running orbit-events bootstrap")?;
         if !out.status.success() {
             bail!("bootstrap failed: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -205,9 +208,11 @@ impl Node {
         }
         if let Some((server, name)) = &self.database {
             let mut admin = sqlx::PgConnection::connect(server).await?;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-                .execute(&mut admin)
-                .await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut admin)
+            .await?;
         }
         Ok(())
     }
@@ -323,10 +328,8 @@ struct OrbitPublisher {
 impl Publisher for OrbitPublisher {
     async fn publish(&self, due_us: u64, count: usize) -> Result<()> {
         let now = chrono::Utc::now();
-        let details = RawValue::from_string(format!(
-            "{{\"t\":{due_us},\"pad\":\"{}\"}}",
-            self.filler
-        ))?;
+        let details =
+            RawValue::from_string(format!("{{\"t\":{due_us},\"pad\":\"{}\"}}", self.filler))?;
         let results: Vec<NewResult> = (0..count)
             .map(|_| {
                 let mut r = NewResult::new(
@@ -430,11 +433,7 @@ struct Stamp {
 }
 
 /// Receives deliveries and ACKs each at once, until the run is over.
-async fn consume(
-    mut ws: Ws,
-    session_id: String,
-    tracker: Arc<Tracker>,
-) -> Result<Samples> {
+async fn consume(mut ws: Ws, session_id: String, tracker: Arc<Tracker>) -> Result<Samples> {
     let mut samples = Samples::default();
     let mut sent: HashMap<String, Instant> = HashMap::new();
     let mut done = tracker.watch();
