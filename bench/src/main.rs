@@ -300,7 +300,7 @@ async fn run(args: RunArgs) -> Result<()> {
     );
     println!("each cell: median (min–max); latencies in ms");
     print_table(&summaries);
-    print_ratios(&summaries);
+    print_ratios(&summaries, w.rate.is_some());
     Ok(())
 }
 
@@ -369,7 +369,9 @@ fn print_table(summaries: &[Summary]) {
     }
 }
 
-fn print_ratios(summaries: &[Summary]) {
+/// Throughput ratios; latency ratios only for paced runs (at full speed the
+/// latency is the time a result waits in the backlog, not a target's).
+fn print_ratios(summaries: &[Summary], paced: bool) {
     let median = |name: &str, f: &dyn Fn(&Summary) -> Option<stats::Spread>| {
         summaries
             .iter()
@@ -386,9 +388,11 @@ fn print_ratios(summaries: &[Summary]) {
                 println!("{orbit} acked/s ÷ {base}: {:.2}×", ours / theirs);
             }
         }
-        if let (Some(ours), Some(theirs)) =
-            (median(orbit, &|s| s.p99_ms), median("redis", &|s| s.p99_ms))
-        {
+        if let (true, Some(ours), Some(theirs)) = (
+            paced,
+            median(orbit, &|s| s.p99_ms),
+            median("redis", &|s| s.p99_ms),
+        ) {
             println!("{orbit} p99 ÷ redis p99: {:.2}×", ours / theirs);
         }
     }

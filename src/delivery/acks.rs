@@ -3,14 +3,17 @@
 //! Connections hand each `event.ack` to one task per node. It takes every
 //! ACK waiting, runs them as one transaction
 //! ([`store::ack::acknowledge_batch`]) and answers each one after that
-//! transaction committed; ACKs that arrive meanwhile wait in the channel and
-//! form the next batch. Under load a commit (an fsync) serves many ACKs;
+//! transaction committed; ACKs that arrive while every batch slot is busy
+//! (one on SQLite, four on PostgreSQL) wait in the channel and form the
+//! next batch. Under load a commit (an fsync) serves many ACKs;
 //! alone, an ACK goes through at once, as before. The reply to an ACK still
 //! leaves only after its commit (delivery-model.md §6).
 
+use std::sync::Arc;
+
 use actix::ArbiterHandle;
-use sea_orm::DbErr;
-use tokio::sync::{mpsc, oneshot};
+use sea_orm::{DbBackend, DbErr};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::store::{
     self, Database,
@@ -61,16 +64,40 @@ impl AckBatcher {
     }
 }
 
+/// ACK transactions in flight at once: SQLite has one writer, so a second
+/// batch would only wait for it; on PostgreSQL a few batches commit side
+/// by side, so an ACK waits for a free slot rather than for the batch
+/// ahead of it (rows are locked in id order: batches never deadlock).
+fn batches_in_flight(db: &Database) -> usize {
+    match db.backend() {
+        DbBackend::Postgres => 4,
+        _ => 1,
+    }
+}
+
 async fn run(db: Database, mut rx: mpsc::Receiver<Pending>) {
-    let mut batch = Vec::with_capacity(MAX_ACK_BATCH);
-    while rx.recv_many(&mut batch, MAX_ACK_BATCH).await > 0 {
-        let (requests, replies): (Vec<AckRequest>, Vec<_>) =
-            batch.drain(..).map(|p| (p.request, p.reply)).unzip();
-        let outcomes = acknowledge_each(&db, &requests).await;
-        for (reply, outcome) in replies.into_iter().zip(outcomes) {
-            // A connection that went away meanwhile no longer waits.
-            let _ = reply.send(outcome.map_err(|e| e.to_string()));
+    let slots = Arc::new(Semaphore::new(batches_in_flight(&db)));
+    loop {
+        // A slot first: while every slot commits, ACKs gather in the
+        // channel and become the next batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(MAX_ACK_BATCH);
+        if rx.recv_many(&mut batch, MAX_ACK_BATCH).await == 0 {
+            return;
         }
+        let db = db.clone();
+        actix::spawn(async move {
+            let (requests, replies): (Vec<AckRequest>, Vec<_>) =
+                batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+            let outcomes = acknowledge_each(&db, &requests).await;
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A connection that went away meanwhile no longer waits.
+                let _ = reply.send(outcome.map_err(|e| e.to_string()));
+            }
+            drop(slot);
+        });
     }
 }
 
