@@ -282,7 +282,7 @@ impl Metrics {
         );
         r.register(
             "claims",
-            "Claim transactions finished, by application",
+            "Claims finished (one per session claim; several can share a transaction), by application",
             self.claims.clone(),
         );
         r.register_with_unit(
@@ -406,7 +406,8 @@ impl Metrics {
         }
     }
 
-    /// A claim transaction of `application_id` finished after waiting
+    /// A claim of `application_id` finished (its transaction may have
+    /// carried other claims of the same subscription) after waiting
     /// `waited` in the pool and running for `ran`.
     pub fn claim_finished(&self, application_id: &ApplicationId, waited: Duration, ran: Duration) {
         self.claims

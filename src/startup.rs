@@ -25,6 +25,7 @@ use tokio::{
 use crate::{
     config::Settings,
     delivery::{
+        acks::AckBatcher,
         listener::{self, Announcer},
         pool::{GetPoolStats, LeasePoolActor, PoolLimits},
         scanner::ScannerActor,
@@ -167,12 +168,14 @@ impl Application {
         })
         .map_err(StartupError::Thread)?;
 
+        let acks = AckBatcher::start(db.clone(), &delivery.handle());
         let state = AppState {
             db,
             settings: settings.clone(),
             scanner,
             pool,
             sweeper,
+            acks,
             metrics,
             node_id,
             shutdown: Shutdown::new(),

@@ -6,7 +6,9 @@ use actix::Addr;
 
 use crate::{
     config::Settings,
-    delivery::{pool::LeasePoolActor, scanner::ScannerActor, sweeper::SweeperActor},
+    delivery::{
+        acks::AckBatcher, pool::LeasePoolActor, scanner::ScannerActor, sweeper::SweeperActor,
+    },
     domain::NodeId,
     metrics::Metrics,
     startup::Shutdown,
@@ -21,6 +23,8 @@ pub struct AppState {
     pub scanner: Addr<ScannerActor>,
     pub pool: Addr<LeasePoolActor>,
     pub sweeper: Addr<SweeperActor>,
+    /// Group commit of ACKs (one batch transaction at a time).
+    pub acks: AckBatcher,
     /// This node's metrics (its own registry, not a process-global one).
     pub metrics: Arc<Metrics>,
     pub node_id: NodeId,

@@ -9,6 +9,13 @@
 //! subscriptions, so one noisy application cannot starve the others.
 //! Claims run as futures on the pool's arbiter: the connection actors that
 //! read frames and answer pings never wait for one.
+//!
+//! Group commit (decision 0061): when a subscription's turn comes, every
+//! request of it that waits (up to [`MAX_CLAIM_BATCH`]) runs in one claim
+//! transaction, so one commit serves several of its sessions. The limits
+//! count transactions, so they hold as before; fairness among applications
+//! and among an application's subscriptions is unchanged (one transaction
+//! per turn).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -17,6 +24,7 @@ use std::{
 };
 
 use actix::prelude::*;
+use sea_orm::DbErr;
 
 use crate::{
     delivery::scanner::ClaimSettled,
@@ -38,16 +46,23 @@ pub struct PoolLimits {
     pub claims_queued: usize,
 }
 
+/// Claim requests of one subscription that share a transaction at most.
+pub const MAX_CLAIM_BATCH: usize = 32;
+
 /// Counters and high-water marks (since the node started), for metrics and
-/// tests.
+/// tests. `claims_in_flight` counts claim transactions (the limits);
+/// `claims_running` the claim requests inside them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
     pub connections: usize,
     pub claims_waiting: usize,
     pub claims_in_flight: usize,
+    pub claims_running: usize,
     pub max_claims_waiting_seen: usize,
     pub max_claims_in_flight_seen: usize,
     pub max_claims_in_flight_per_application_seen: usize,
+    /// Most claims that ever shared one transaction.
+    pub max_claims_per_transaction_seen: usize,
     pub claims_refused: u64,
     pub claims_completed: u64,
 }
@@ -172,17 +187,23 @@ impl AppQueue {
         queue.push_back(req);
     }
 
-    /// The next request, rotating over subscriptions.
-    fn pop(&mut self) -> Option<ClaimRequest> {
-        let sub = self.ring.pop_front()?;
-        let queue = self.by_subscription.get_mut(&sub)?;
-        let req = queue.pop_front();
+    /// The waiting requests of the next subscription (at most `max`),
+    /// rotating over subscriptions.
+    fn pop_batch(&mut self, max: usize) -> Vec<ClaimRequest> {
+        let Some(sub) = self.ring.pop_front() else {
+            return Vec::new();
+        };
+        let Some(queue) = self.by_subscription.get_mut(&sub) else {
+            return Vec::new();
+        };
+        let take = queue.len().min(max);
+        let batch: Vec<ClaimRequest> = queue.drain(..take).collect();
         if queue.is_empty() {
             self.by_subscription.remove(&sub);
         } else {
             self.ring.push_back(sub);
         }
-        req
+        batch
     }
 
     fn is_empty(&self) -> bool {
@@ -238,14 +259,15 @@ impl LeasePoolActor {
             let Some(queue) = self.apps.get_mut(&app) else {
                 continue;
             };
-            let Some(req) = queue.pop() else {
-                continue;
-            };
+            let batch = queue.pop_batch(MAX_CLAIM_BATCH);
             if queue.is_empty() {
                 self.apps.remove(&app);
                 self.app_ring.retain(|a| a != &app);
             }
-            self.run(req, ctx);
+            if batch.is_empty() {
+                continue;
+            }
+            self.run(app, batch, ctx);
         }
     }
 
@@ -263,13 +285,16 @@ impl LeasePoolActor {
         None
     }
 
-    fn run(&mut self, req: ClaimRequest, ctx: &mut Context<Self>) {
-        self.stats.claims_waiting -= 1;
+    /// Runs `batch` (requests of one subscription of `app`) as one claim
+    /// transaction.
+    fn run(&mut self, app: ApplicationId, batch: Vec<ClaimRequest>, ctx: &mut Context<Self>) {
+        let n = batch.len();
+        self.stats.claims_waiting -= n;
+        self.stats.claims_running += n;
         self.stats.claims_in_flight += 1;
-        let per_app = self
-            .in_flight_by_app
-            .entry(req.application_id.clone())
-            .or_insert(0);
+        self.stats.max_claims_per_transaction_seen =
+            self.stats.max_claims_per_transaction_seen.max(n);
+        let per_app = self.in_flight_by_app.entry(app.clone()).or_insert(0);
         *per_app += 1;
         self.stats.max_claims_in_flight_seen = self
             .stats
@@ -283,65 +308,111 @@ impl LeasePoolActor {
         let db = self.db.clone();
         let lease = self.lease;
         let hooks = self.hooks.clone();
-        let target = req.target.clone();
-        let want = req.want;
-        let waited = req.enqueued_at.elapsed();
+        let waited: Vec<Duration> = batch.iter().map(|r| r.enqueued_at.elapsed()).collect();
+        let claims: Vec<(ClaimTarget, u32)> = batch
+            .iter()
+            .map(|req| (req.target.clone(), req.want))
+            .collect();
         let fut = async move {
             hooks.before_transaction().await;
             let started = Instant::now();
             let pause = hooks.inside_transaction();
-            let result = claim::claim_after(&db, &target, want, lease, pause).await;
-            (result, started.elapsed())
+            let results = claim_each(&db, &claims, lease, pause).await;
+            (results, started.elapsed())
         };
-        ctx.spawn(fut.into_actor(self).map(move |(result, ran), act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |(results, ran), act, ctx| {
             act.stats.claims_in_flight -= 1;
-            act.stats.claims_completed += 1;
-            if let Some(n) = act.in_flight_by_app.get_mut(&req.application_id) {
-                *n -= 1;
-                if *n == 0 {
-                    act.in_flight_by_app.remove(&req.application_id);
+            act.stats.claims_running -= n;
+            act.stats.claims_completed += n as u64;
+            if let Some(busy) = act.in_flight_by_app.get_mut(&app) {
+                *busy -= 1;
+                if *busy == 0 {
+                    act.in_flight_by_app.remove(&app);
                 }
             }
-            act.metrics
-                .claim_finished(&req.application_id, waited, ran);
-            let (leased, exhausted) = match &result {
-                Ok(ClaimOutcome::Leased {
-                    deliveries,
-                    exhausted,
-                    recovered,
-                    queue_id,
-                }) => {
-                    act.metrics.delivered(queue_id, deliveries.len() as u64);
-                    act.metrics.outcome(Outcome::LeaseExpired, recovered.to_pending);
-                    act.metrics.outcome(Outcome::Expired, recovered.expired);
-                    (deliveries.len() as u32, *exhausted)
-                }
-                _ => (0, true),
-            };
-            let failed = result.is_err();
-            if let Err(err) = &result {
-                act.metrics.database_error(Operation::Claim);
-                tracing::warn!(error = %err, subscription_id = %req.target.subscription_id, "claim failed");
+            for ((req, result), waited) in batch.into_iter().zip(results).zip(waited) {
+                act.settle(req, result, waited, ran);
             }
-            tracing::trace!(elapsed_ms = ran.as_millis() as u64, leased, "claim done");
-            // The scanner hears of the claim before the connection does, so
-            // the room the connection reports after taking the leases always
-            // reaches the scanner after this (its mailbox is FIFO).
-            req.settled.do_send(ClaimSettled {
-                session_id: req.target.session_id.clone(),
-                subscription_id: req.target.subscription_id.clone(),
-                requested: want,
-                leased,
-                exhausted,
-                refused: false,
-                failed,
-            });
-            req.reply.do_send(ClaimResult {
-                outcome: result.map_err(|e| e.to_string()),
-            });
             act.dispatch(ctx);
         }));
     }
+
+    /// Tells the scanner and the connection how one claim ended.
+    fn settle(
+        &mut self,
+        req: ClaimRequest,
+        result: Result<ClaimOutcome, DbErr>,
+        waited: Duration,
+        ran: Duration,
+    ) {
+        self.metrics
+            .claim_finished(&req.application_id, waited, ran);
+        let (leased, exhausted) = match &result {
+            Ok(ClaimOutcome::Leased {
+                deliveries,
+                exhausted,
+                recovered,
+                queue_id,
+            }) => {
+                self.metrics.delivered(queue_id, deliveries.len() as u64);
+                self.metrics
+                    .outcome(Outcome::LeaseExpired, recovered.to_pending);
+                self.metrics.outcome(Outcome::Expired, recovered.expired);
+                (deliveries.len() as u32, *exhausted)
+            }
+            _ => (0, true),
+        };
+        let failed = result.is_err();
+        if let Err(err) = &result {
+            self.metrics.database_error(Operation::Claim);
+            tracing::warn!(error = %err, subscription_id = %req.target.subscription_id, "claim failed");
+        }
+        tracing::trace!(elapsed_ms = ran.as_millis() as u64, leased, "claim done");
+        // The scanner hears of the claim before the connection does, so
+        // the room the connection reports after taking the leases always
+        // reaches the scanner after this (its mailbox is FIFO).
+        req.settled.do_send(ClaimSettled {
+            session_id: req.target.session_id.clone(),
+            subscription_id: req.target.subscription_id.clone(),
+            requested: req.want,
+            leased,
+            exhausted,
+            refused: false,
+            failed,
+        });
+        req.reply.do_send(ClaimResult {
+            outcome: result.map_err(|e| e.to_string()),
+        });
+    }
+}
+
+/// One outcome per claim, in order: the claims share one transaction; if
+/// it fails for a reason other than the database being unreachable, each
+/// claim is tried again alone, so that one claim the database rejects does
+/// not fail the other sessions' claims (decision 0061).
+async fn claim_each(
+    db: &Database,
+    claims: &[(ClaimTarget, u32)],
+    lease: Duration,
+    pause: impl Future<Output = ()>,
+) -> Vec<Result<ClaimOutcome, DbErr>> {
+    let err = match claim::claim_batch_after(db, claims, lease, pause).await {
+        Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
+        Err(err) => err,
+    };
+    if claims.len() == 1 || matches!(err, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
+        let message = err.to_string();
+        return claims
+            .iter()
+            .map(|_| Err(DbErr::Custom(message.clone())))
+            .collect();
+    }
+    tracing::warn!(error = %err, claims = claims.len(), "claim batch failed; running its claims one by one");
+    let mut outcomes = Vec::with_capacity(claims.len());
+    for (target, want) in claims {
+        outcomes.push(claim::claim(db, target, *want, lease).await);
+    }
+    outcomes
 }
 
 impl Actor for LeasePoolActor {
@@ -352,7 +423,7 @@ impl Handler<ClaimRequest> for LeasePoolActor {
     type Result = ();
 
     fn handle(&mut self, req: ClaimRequest, ctx: &mut Context<Self>) {
-        if self.stats.claims_waiting + self.stats.claims_in_flight >= self.limits.claims_queued {
+        if self.stats.claims_waiting + self.stats.claims_running >= self.limits.claims_queued {
             self.stats.claims_refused += 1;
             self.metrics.claim_refused();
             req.settled.do_send(ClaimSettled {

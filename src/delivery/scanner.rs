@@ -139,6 +139,12 @@ struct SubscriptionEntry {
     caught_up: bool,
     /// May have available PENDING rows (worth a claim).
     maybe_pending: bool,
+    /// The last materialization stopped at a full backlog window: ACKs
+    /// count down `refill_in` before the next one (decision 0062).
+    window_full: bool,
+    /// ACKs (or other changes) still to come before a full window is worth
+    /// a materialization.
+    refill_in: u64,
     /// Grows each time `maybe_pending` is set: a claim that started before
     /// new rows appeared must not clear the flag when it finds none.
     generation: u64,
@@ -248,6 +254,8 @@ impl ScannerActor {
             return;
         };
         sub.caught_up = matches!(&result, Ok(m) if m.caught_up);
+        sub.window_full = matches!(&result, Ok(m) if m.window_full);
+        sub.refill_in = result.as_ref().map_or(0, |m| m.refill_after);
         match result {
             Ok(m) => {
                 if m.inserted > 0 {
@@ -398,6 +406,8 @@ impl Handler<SessionBound> for ScannerActor {
                     dirty: true,
                     caught_up: false,
                     maybe_pending: true,
+                    window_full: false,
+                    refill_in: 0,
                     generation: 0,
                 })
             }
@@ -491,7 +501,15 @@ impl Handler<SubscriptionChanged> for ScannerActor {
             announcer.announce(Wake::Subscription(msg.subscription_id.clone()));
         }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
-            sub.dirty |= !sub.caught_up;
+            if sub.window_full {
+                // The window is full and PENDING rows remain: one
+                // materialization per `refill_after` ACKs instead of one
+                // per scan round (an exhausted claim refills at once).
+                sub.refill_in = sub.refill_in.saturating_sub(1);
+                sub.dirty |= sub.refill_in == 0;
+            } else {
+                sub.dirty |= !sub.caught_up;
+            }
             sub.may_have_pending();
             self.kick(ctx);
         }
@@ -551,7 +569,16 @@ impl Handler<ClaimSettled> for ScannerActor {
             entry.room = 0;
         }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
-            if msg.exhausted && sub.generation == entry.claim_generation {
+            if msg.exhausted && sub.window_full {
+                // Nothing left to claim below a full window: refill now
+                // (once: if it inserts nothing, claims stop as below).
+                sub.window_full = false;
+                sub.dirty = true;
+                if sub.generation == entry.claim_generation {
+                    sub.maybe_pending = false;
+                }
+                self.kick(ctx);
+            } else if msg.exhausted && sub.generation == entry.claim_generation {
                 sub.maybe_pending = false;
             } else if msg.leased > 0 || msg.exhausted {
                 // Not exhausted, or rows appeared (a materialization here, a

@@ -1,13 +1,20 @@
-//! ACK with a lease proof (spec: delivery-model.md §6).
+//! ACK with a lease proof (spec: delivery-model.md §6), one ACK or a batch
+//! of them in one transaction (group commit, decision 0060).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use entity::{delivery, subscription};
-use sea_orm::{ColumnTrait, DbErr, EntityTrait, ExprTrait, QueryFilter, sea_query::Expr};
+use sea_orm::{
+    ColumnTrait, Condition, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
+    QuerySelect, sea_query::Expr,
+};
 
 use crate::{
     domain::{DeliveryId, DeliveryState, EventId, LeaseSecret, SubscriptionId, Timestamp, now},
     store::{
         Database,
         audit::{self, AuditActor, AuditEntry},
+        lock_for_update,
     },
 };
 
@@ -36,44 +43,205 @@ pub enum AckOutcome {
     NotFound,
 }
 
-/// Acknowledges a delivery of `subscription_id` with `proof`:
-/// - the latest proof on a LEASED, PENDING or EXPIRED row → ACKED,
-///   `acknowledged_at = now`, `revision += 1`, `pending_count -= 1`, one
-///   audit record;
-/// - an ACKED row and the proof that acknowledged it → the original
-///   `acknowledged_at`, `deduplicated`, nothing written;
-/// - anything else → `LeaseLost`.
-///
-/// Proofs are compared by digest in constant time. The decision is read
-/// first outside a write transaction: a consumer only holds a secret after
-/// its lease committed, and an ACKED row never changes, so "lost" and
-/// "duplicate" are final; only a matching proof takes the write path.
+/// One ACK: the proof, the subscription of the session it came on, and
+/// the acting credential (for the audit record).
+#[derive(Debug, Clone)]
+pub struct AckRequest {
+    pub subscription_id: SubscriptionId,
+    pub actor: AuditActor,
+    pub proof: LeaseProof,
+}
+
+/// Acknowledges a delivery of `subscription_id` with `proof`: the batch of
+/// one of [`acknowledge_batch`].
 pub async fn acknowledge(
     db: &Database,
     subscription_id: &SubscriptionId,
     actor: &AuditActor,
     proof: &LeaseProof,
 ) -> Result<AckOutcome, DbErr> {
-    let Some(row) = delivery::Entity::find_by_id(proof.delivery_id.as_str())
-        .one(db.reader())
-        .await?
-    else {
-        return Ok(AckOutcome::NotFound);
+    let request = AckRequest {
+        subscription_id: subscription_id.clone(),
+        actor: actor.clone(),
+        proof: proof.clone(),
     };
-    if row.subscription_id != subscription_id.as_str() {
-        return Ok(AckOutcome::NotFound);
-    }
-    if !proof_matches(&row, proof) {
-        return Ok(AckOutcome::LeaseLost);
-    }
-    if let Some(outcome) = already_acked(&row) {
-        return Ok(outcome);
+    acknowledge_batch(db, std::slice::from_ref(&request))
+        .await?
+        .pop()
+        .ok_or_else(|| DbErr::Custom("an ACK batch of one answered nothing".to_owned()))
+}
+
+/// Acknowledges each request as if alone, in one write transaction for the
+/// whole batch; returns one outcome per request, in order:
+/// - the latest proof on a LEASED, PENDING or EXPIRED row → ACKED,
+///   `acknowledged_at = now`, `revision += 1`, one audit record per ACK,
+///   and `pending_count -= n` once per subscription of the batch (the hot
+///   row is written once per batch, not once per ACK);
+/// - an ACKED row and the proof that acknowledged it → the original
+///   `acknowledged_at`, `deduplicated`, nothing written;
+/// - anything else → `LeaseLost`; a delivery of another subscription (or
+///   none) → `NotFound`.
+///
+/// Proofs are compared by digest in constant time. Decisions are read
+/// first outside the write transaction, in one query: a consumer only holds
+/// a secret after its lease committed, and an ACKED row never changes, so
+/// "lost" and "duplicate" are final; only matching proofs take the write
+/// path, whose `UPDATE` re-checks the epoch and the state. The same proof
+/// twice in one batch: the first ACKs, the second is answered from the row
+/// after the commit (`deduplicated`). Nothing is answered before the
+/// commit; `Err` means the whole batch failed and nothing was written.
+pub async fn acknowledge_batch(
+    db: &Database,
+    requests: &[AckRequest],
+) -> Result<Vec<AckOutcome>, DbErr> {
+    let rows = read_rows(db, requests.iter().map(|r| r.proof.delivery_id.as_str())).await?;
+    let mut outcomes: Vec<Option<AckOutcome>> = vec![None; requests.len()];
+    let mut candidates = Vec::new();
+    let mut later = Vec::new();
+    let mut taken = HashSet::new();
+    for (i, request) in requests.iter().enumerate() {
+        let id = request.proof.delivery_id.as_str();
+        outcomes[i] = match rows.get(id) {
+            None => Some(AckOutcome::NotFound),
+            Some(row) if row.subscription_id != request.subscription_id.as_str() => {
+                Some(AckOutcome::NotFound)
+            }
+            Some(row) if !proof_matches(row, &request.proof) => Some(AckOutcome::LeaseLost),
+            Some(row) => match already_acked(row) {
+                Some(outcome) => Some(outcome),
+                None => {
+                    if taken.insert(id) {
+                        candidates.push(i);
+                    } else {
+                        later.push(i);
+                    }
+                    None
+                }
+            },
+        };
     }
 
+    if !candidates.is_empty() {
+        let at = now();
+        let acked = write_acks(db, requests, &candidates, at).await?;
+        for &i in &candidates {
+            match acked.get(requests[i].proof.delivery_id.as_str()) {
+                Some(event_id) => {
+                    outcomes[i] = Some(AckOutcome::Acked {
+                        event_id: EventId::from_db(event_id.clone()),
+                        epoch: requests[i].proof.epoch,
+                        acknowledged_at: at,
+                        deduplicated: false,
+                    });
+                }
+                // A concurrent ACK or a new lease won: the row now tells which.
+                None => later.push(i),
+            }
+        }
+    }
+
+    if !later.is_empty() {
+        let rows = read_rows(
+            db,
+            later
+                .iter()
+                .map(|&i| requests[i].proof.delivery_id.as_str()),
+        )
+        .await?;
+        for i in later {
+            let request = &requests[i];
+            let row = rows
+                .get(request.proof.delivery_id.as_str())
+                .ok_or_else(|| DbErr::RecordNotFound(request.proof.delivery_id.to_string()))?;
+            outcomes[i] = Some(match proof_matches(row, &request.proof) {
+                true => already_acked(row).unwrap_or(AckOutcome::LeaseLost),
+                false => AckOutcome::LeaseLost,
+            });
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.ok_or_else(|| DbErr::Custom("an ACK of the batch was not decided".to_owned())))
+        .collect()
+}
+
+/// The delivery rows with these ids (one `IN` query on the primary key).
+async fn read_rows<'a>(
+    db: &Database,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<HashMap<String, delivery::Model>, DbErr> {
+    let ids: HashSet<&str> = ids.collect();
+    let rows = delivery::Entity::find()
+        .filter(delivery::Column::Id.is_in(ids))
+        .all(db.reader())
+        .await?;
+    Ok(rows.into_iter().map(|r| (r.id.clone(), r)).collect())
+}
+
+/// Times a batch's write transaction is tried: on PostgreSQL two nodes'
+/// batches (or a batch and the sweeper) touching the same rows may
+/// deadlock, and the database then aborts one of them.
+const WRITE_ATTEMPTS: usize = 3;
+
+/// One transaction: every candidate still at its proof's epoch and not
+/// ACKED becomes ACKED; `pending_count` drops once per subscription; one
+/// audit record per ACK, inserted in one statement. Returns the event id of
+/// each delivery it ACKed.
+async fn write_acks(
+    db: &Database,
+    requests: &[AckRequest],
+    candidates: &[usize],
+    at: Timestamp,
+) -> Result<HashMap<String, String>, DbErr> {
+    let mut attempt = 1;
+    loop {
+        match write_acks_once(db, requests, candidates, at).await {
+            Err(err) if attempt < WRITE_ATTEMPTS && db.backend() == DbBackend::Postgres => {
+                tracing::info!(error = %err, attempt, "ACK batch transaction failed; trying again");
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+async fn write_acks_once(
+    db: &Database,
+    requests: &[AckRequest],
+    candidates: &[usize],
+    at: Timestamp,
+) -> Result<HashMap<String, String>, DbErr> {
     let txn = db.begin_write().await?;
-    let at = now();
-    let epoch = i64::try_from(proof.epoch).unwrap_or(i64::MAX);
-    let updated = delivery::Entity::update_many()
+    let ids: Vec<&str> = candidates
+        .iter()
+        .map(|&i| requests[i].proof.delivery_id.as_str())
+        .collect();
+    if db.backend() == DbBackend::Postgres {
+        // Row locks in id order: batches of two nodes never wait on each
+        // other in a cycle.
+        let _: Vec<String> = lock_for_update(
+            delivery::Entity::find()
+                .select_only()
+                .column(delivery::Column::Id)
+                .filter(delivery::Column::Id.is_in(ids.iter().copied()))
+                .order_by_asc(delivery::Column::Id),
+            DbBackend::Postgres,
+        )
+        .into_tuple()
+        .all(&txn)
+        .await?;
+    }
+    let mut at_epoch = Condition::any();
+    for &i in candidates {
+        let proof = &requests[i].proof;
+        let epoch = i64::try_from(proof.epoch).unwrap_or(i64::MAX);
+        at_epoch = at_epoch.add(
+            Condition::all()
+                .add(delivery::Column::Id.eq(proof.delivery_id.as_str()))
+                .add(delivery::Column::LeaseEpoch.eq(epoch)),
+        );
+    }
+    let acked = delivery::Entity::update_many()
         .col_expr(
             delivery::Column::State,
             Expr::value(DeliveryState::Acked.as_str()),
@@ -91,51 +259,56 @@ pub async fn acknowledge(
             delivery::Column::LeaseSessionId,
             Expr::value(Option::<String>::None),
         )
-        .filter(delivery::Column::Id.eq(row.id.as_str()))
-        .filter(delivery::Column::LeaseEpoch.eq(epoch))
+        .filter(at_epoch)
         .filter(delivery::Column::State.ne(DeliveryState::Acked.as_str()))
         .exec_with_returning(&txn)
         .await?;
-    let Some(acked) = updated.into_iter().next() else {
-        // A concurrent ACK or a new lease won; the row now tells which.
+    if acked.is_empty() {
         drop(txn);
-        let row = delivery::Entity::find_by_id(proof.delivery_id.as_str())
-            .one(db.reader())
-            .await?
-            .ok_or_else(|| DbErr::RecordNotFound(proof.delivery_id.to_string()))?;
-        return Ok(match proof_matches(&row, proof) {
-            true => already_acked(&row).unwrap_or(AckOutcome::LeaseLost),
-            false => AckOutcome::LeaseLost,
-        });
-    };
-    subscription::Entity::update_many()
-        .col_expr(
-            subscription::Column::PendingCount,
-            Expr::col(subscription::Column::PendingCount).sub(1),
-        )
-        .filter(subscription::Column::Id.eq(subscription_id.as_str()))
-        .exec(&txn)
-        .await?;
-    audit::record(
-        &txn,
-        actor,
-        AuditEntry {
-            action: "delivery.ack",
-            target_id: &acked.id,
-            reason: None,
-            before_revision: Some(acked.revision - 1),
-            after_revision: Some(acked.revision),
-            at,
-        },
-    )
-    .await?;
+        return Ok(HashMap::new());
+    }
+
+    // Sorted, so that concurrent batches lock subscription rows in one order.
+    let mut per_subscription: BTreeMap<&str, i64> = BTreeMap::new();
+    for row in &acked {
+        *per_subscription
+            .entry(row.subscription_id.as_str())
+            .or_default() += 1;
+    }
+    for (subscription_id, n) in per_subscription {
+        subscription::Entity::update_many()
+            .col_expr(
+                subscription::Column::PendingCount,
+                Expr::col(subscription::Column::PendingCount).sub(n),
+            )
+            .filter(subscription::Column::Id.eq(subscription_id))
+            .exec(&txn)
+            .await?;
+    }
+    let actors: HashMap<&str, &AuditActor> = candidates
+        .iter()
+        .map(|&i| (requests[i].proof.delivery_id.as_str(), &requests[i].actor))
+        .collect();
+    let mut entries = Vec::with_capacity(acked.len());
+    for row in &acked {
+        let actor = actors
+            .get(row.id.as_str())
+            .ok_or_else(|| DbErr::Custom(format!("delivery {} was not asked for", row.id)))?;
+        entries.push((
+            *actor,
+            AuditEntry {
+                action: "delivery.ack",
+                target_id: &row.id,
+                reason: None,
+                before_revision: Some(row.revision - 1),
+                after_revision: Some(row.revision),
+                at,
+            },
+        ));
+    }
+    audit::record_many(&txn, entries).await?;
     txn.commit().await?;
-    Ok(AckOutcome::Acked {
-        event_id: EventId::from_db(acked.event_id),
-        epoch: proof.epoch,
-        acknowledged_at: at,
-        deduplicated: false,
-    })
+    Ok(acked.into_iter().map(|r| (r.id, r.event_id)).collect())
 }
 
 /// The proof is the row's latest: same epoch (≥ 1) and the secret's digest

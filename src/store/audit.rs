@@ -28,19 +28,34 @@ pub async fn record<C: ConnectionTrait>(
     actor: &AuditActor,
     entry: AuditEntry<'_>,
 ) -> Result<(), DbErr> {
-    audit_record::Entity::insert(audit_record::ActiveModel {
-        id: Set(random_hex_id()),
-        namespace_id: Set(actor.namespace_id.as_str().to_owned()),
-        credential_id: Set(actor.credential_id.as_str().to_owned()),
-        action: Set(entry.action.to_owned()),
-        target_id: Set(entry.target_id.to_owned()),
-        reason: Set(entry.reason.map(str::to_owned)),
-        before_revision: Set(entry.before_revision),
-        after_revision: Set(entry.after_revision),
-        at: Set(entry.at.micros()),
-        created_at: Set(entry.at.micros()),
-    })
-    .exec_without_returning(conn)
-    .await
-    .map(|_| ())
+    record_many(conn, vec![(actor, entry)]).await
+}
+
+/// Inserts one audit record per entry in one statement, inside the
+/// caller's transaction (an ACK batch: one record per ACK).
+pub async fn record_many<C: ConnectionTrait>(
+    conn: &C,
+    entries: Vec<(&AuditActor, AuditEntry<'_>)>,
+) -> Result<(), DbErr> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let models = entries
+        .into_iter()
+        .map(|(actor, entry)| audit_record::ActiveModel {
+            id: Set(random_hex_id()),
+            namespace_id: Set(actor.namespace_id.as_str().to_owned()),
+            credential_id: Set(actor.credential_id.as_str().to_owned()),
+            action: Set(entry.action.to_owned()),
+            target_id: Set(entry.target_id.to_owned()),
+            reason: Set(entry.reason.map(str::to_owned)),
+            before_revision: Set(entry.before_revision),
+            after_revision: Set(entry.after_revision),
+            at: Set(entry.at.micros()),
+            created_at: Set(entry.at.micros()),
+        });
+    audit_record::Entity::insert_many(models)
+        .exec_without_returning(conn)
+        .await
+        .map(|_| ())
 }

@@ -1,16 +1,17 @@
 //! Claims: lease up to N deliveries to one session in one transaction
 //! (spec: delivery-model.md §6).
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use entity::{delivery, subscription};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, QueryTrait,
-    sea_query::{Expr, LockBehavior, LockType},
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter,
+    QueryOrder, QuerySelect, QueryTrait,
+    sea_query::{CaseStatement, Expr, LockBehavior, LockType},
 };
 
 use crate::{
+    auth::Principal,
     domain::{
         CredentialId, DeliveryState, EventId, LeaseSecret, QueueId, SessionId, SubscriptionId,
         Timestamp, now,
@@ -88,150 +89,300 @@ pub async fn claim_after(
     lease: Duration,
     pause: impl Future<Output = ()>,
 ) -> Result<ClaimOutcome, DbErr> {
-    let txn = db.begin_write().await?;
-    pause.await;
-    let outcome = claim_in(&txn, db.backend(), target, want, lease).await?;
-    txn.commit().await?;
-    Ok(outcome)
+    claim_batch_after(db, &[(target.clone(), want)], lease, pause)
+        .await?
+        .pop()
+        .ok_or_else(|| DbErr::Custom("a claim batch of one answered nothing".to_owned()))
 }
 
+/// Group commit of claims (decision 0061): each `(target, want)` is decided
+/// exactly as [`claim`] would decide it alone, all in one write
+/// transaction, so that one commit (one fsync) serves several sessions.
+/// Consecutive claims of one subscription share the reads and the writes:
+/// the subscription checks, the recovery of its lapsed leases, one query for
+/// the sessions' live leases, one for the candidates (split in
+/// `(sequence, id)` order, the first claim first), one `UPDATE` leasing them
+/// all, one read of their events. Returns one outcome per claim, in order,
+/// only after the commit: no `event.deliver` can be written before its
+/// lease is durable. `Err`: the transaction failed and nothing of any claim
+/// was written. `pause` as in [`claim_after`].
+pub async fn claim_batch_after(
+    db: &Database,
+    claims: &[(ClaimTarget, u32)],
+    lease: Duration,
+    pause: impl Future<Output = ()>,
+) -> Result<Vec<ClaimOutcome>, DbErr> {
+    let txn = db.begin_write().await?;
+    pause.await;
+    let mut outcomes = Vec::with_capacity(claims.len());
+    for group in claims.chunk_by(|a, b| a.0.subscription_id == b.0.subscription_id) {
+        outcomes.extend(claim_in(&txn, db.backend(), group, lease).await?);
+    }
+    txn.commit().await?;
+    Ok(outcomes)
+}
+
+/// The claims `claims`, all of one subscription, inside `txn`.
 async fn claim_in<C: ConnectionTrait>(
     txn: &C,
     backend: DbBackend,
-    target: &ClaimTarget,
-    want: u32,
+    claims: &[(ClaimTarget, u32)],
     lease: Duration,
-) -> Result<ClaimOutcome, DbErr> {
-    let Some(principal) = tenancy::principal_by_id(txn, &target.credential_id).await? else {
-        return Ok(ClaimOutcome::Revoked);
+) -> Result<Vec<ClaimOutcome>, DbErr> {
+    let Some((first, _)) = claims.first() else {
+        return Ok(Vec::new());
     };
-    let Some(sub) = subscription::Entity::find_by_id(target.subscription_id.as_str())
-        .one(txn)
-        .await?
-    else {
-        return Ok(ClaimOutcome::Gone);
-    };
-    let queue_id = QueueId::from_db(sub.queue_id.clone());
-    if !principal.in_scope(&queue_id) {
-        return Ok(ClaimOutcome::Gone);
-    }
-    if !sub.enabled {
-        return Ok(ClaimOutcome::Paused);
-    }
-    if let Some(pos) = journal::position(txn, &queue_id).await?
-        && sub.cursor_sequence < pos.floor
-    {
-        return Ok(ClaimOutcome::HistoryExpired(pos.earliest()));
-    }
-
-    let now = now();
-    let recovered =
-        recover_expired_leases(txn, Some(&target.subscription_id), now, u64::MAX).await?;
-
-    let held = delivery::Entity::find()
-        .filter(delivery::Column::LeaseSessionId.eq(target.session_id.as_str()))
-        .filter(delivery::Column::State.eq(DeliveryState::Leased.as_str()))
-        .filter(delivery::Column::LeaseUntil.gt(now.micros()))
-        .count(txn)
-        .await?;
-    let room = u64::from(target.capacity).saturating_sub(held);
-    let take = Ord::min(u64::from(want), room);
-    if take == 0 {
-        return Ok(ClaimOutcome::Leased {
-            deliveries: Vec::new(),
-            exhausted: false,
-            recovered,
-            queue_id,
-        });
-    }
-
-    let mut candidates = delivery::Entity::find()
-        .select_only()
-        .column(delivery::Column::Id)
-        .filter(delivery::Column::SubscriptionId.eq(target.subscription_id.as_str()))
-        .filter(delivery::Column::State.eq(DeliveryState::Pending.as_str()))
-        .filter(delivery::Column::AvailableAt.lte(now.micros()))
-        .filter(
-            Expr::col(delivery::Column::Attempts).lt(Expr::col(delivery::Column::AttemptBudget)),
-        )
-        .order_by_asc(delivery::Column::Sequence)
-        .order_by_asc(delivery::Column::Id)
-        .limit(take);
-    if backend == DbBackend::Postgres {
-        candidates = candidates.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-    }
-    let ids: Vec<String> = candidates.into_tuple().all(txn).await?;
-    let exhausted = (ids.len() as u64) < take;
-
-    let lease_until = now.plus(lease);
-    let mut leased = Vec::with_capacity(ids.len());
-    for id in ids {
-        let secret = LeaseSecret::generate();
-        let rows = delivery::Entity::update_many()
-            .col_expr(
-                delivery::Column::State,
-                Expr::value(DeliveryState::Leased.as_str()),
-            )
-            .col_expr(
-                delivery::Column::LeaseEpoch,
-                Expr::col(delivery::Column::LeaseEpoch).add(1),
-            )
-            .col_expr(
-                delivery::Column::Attempts,
-                Expr::col(delivery::Column::Attempts).add(1),
-            )
-            .col_expr(
-                delivery::Column::Revision,
-                Expr::col(delivery::Column::Revision).add(1),
-            )
-            .col_expr(
-                delivery::Column::LeaseUntil,
-                Expr::value(lease_until.micros()),
-            )
-            .col_expr(
-                delivery::Column::LeaseSessionId,
-                Expr::value(target.session_id.as_str()),
-            )
-            .col_expr(
-                delivery::Column::LeaseDigest,
-                Expr::value(secret.digest_hex()),
-            )
-            .filter(delivery::Column::Id.eq(id.as_str()))
-            .filter(delivery::Column::State.eq(DeliveryState::Pending.as_str()))
-            .exec_with_returning(txn)
-            .await?;
-        if let Some(row) = rows.into_iter().next() {
-            leased.push((row, secret));
+    let subscription_id = &first.subscription_id;
+    let mut principals: HashMap<&str, Option<Principal>> = HashMap::new();
+    for (target, _) in claims {
+        let id = target.credential_id.as_str();
+        if !principals.contains_key(id) {
+            let principal = tenancy::principal_by_id(txn, &target.credential_id).await?;
+            principals.insert(id, principal);
         }
     }
-
-    let event_ids: Vec<EventId> = leased
+    let sub = subscription::Entity::find_by_id(subscription_id.as_str())
+        .one(txn)
+        .await?;
+    let gap = match &sub {
+        Some(sub) if sub.enabled => journal::position(txn, &QueueId::from_db(sub.queue_id.clone()))
+            .await?
+            .filter(|pos| sub.cursor_sequence < pos.floor)
+            .map(|pos| pos.earliest()),
+        _ => None,
+    };
+    // Each claim is checked as if alone: its credential, then the
+    // subscription (enabled, no history gap).
+    let mut outcomes: Vec<Option<ClaimOutcome>> = claims
         .iter()
+        .map(|(target, _)| {
+            let Some(Some(principal)) = principals.get(target.credential_id.as_str()) else {
+                return Some(ClaimOutcome::Revoked);
+            };
+            let Some(sub) = &sub else {
+                return Some(ClaimOutcome::Gone);
+            };
+            if !principal.in_scope(&QueueId::from_db(sub.queue_id.clone())) {
+                return Some(ClaimOutcome::Gone);
+            }
+            if !sub.enabled {
+                return Some(ClaimOutcome::Paused);
+            }
+            gap.map(ClaimOutcome::HistoryExpired)
+        })
+        .collect();
+    let open: Vec<usize> = (0..claims.len())
+        .filter(|&i| outcomes[i].is_none())
+        .collect();
+    let Some(sub) = sub.filter(|_| !open.is_empty()) else {
+        return Ok(outcomes.into_iter().flatten().collect());
+    };
+    let queue_id = QueueId::from_db(sub.queue_id);
+
+    let now = now();
+    let recovered = recover_expired_leases(txn, Some(subscription_id), now, u64::MAX).await?;
+    let held = live_leases(txn, open.iter().map(|&i| &claims[i].0.session_id), now).await?;
+    // `min(want, capacity - held)` per claim; a session twice in one batch
+    // also counts what its earlier claim takes.
+    let mut taken: HashMap<&str, u64> = HashMap::new();
+    let takes: Vec<u64> = open
+        .iter()
+        .map(|&i| {
+            let (target, want) = &claims[i];
+            let session = target.session_id.as_str();
+            let busy =
+                held.get(session).copied().unwrap_or(0) + taken.get(session).copied().unwrap_or(0);
+            let take = Ord::min(
+                u64::from(*want),
+                u64::from(target.capacity).saturating_sub(busy),
+            );
+            *taken.entry(session).or_default() += take;
+            take
+        })
+        .collect();
+    let total: u64 = takes.iter().sum();
+
+    let ids: Vec<String> = if total == 0 {
+        Vec::new()
+    } else {
+        let mut candidates = delivery::Entity::find()
+            .select_only()
+            .column(delivery::Column::Id)
+            .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()))
+            .filter(delivery::Column::State.eq(DeliveryState::Pending.as_str()))
+            .filter(delivery::Column::AvailableAt.lte(now.micros()))
+            .filter(
+                Expr::col(delivery::Column::Attempts)
+                    .lt(Expr::col(delivery::Column::AttemptBudget)),
+            )
+            .order_by_asc(delivery::Column::Sequence)
+            .order_by_asc(delivery::Column::Id)
+            .limit(total);
+        if backend == DbBackend::Postgres {
+            candidates = candidates.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+        }
+        candidates.into_tuple().all(txn).await?
+    };
+
+    // The candidates in order: the first claim takes the first rows.
+    let mut rest = ids.into_iter();
+    let shares: Vec<Vec<String>> = takes
+        .iter()
+        .map(|&take| {
+            rest.by_ref()
+                .take(usize::try_from(take).unwrap_or(usize::MAX))
+                .collect()
+        })
+        .collect();
+    let assignment: Vec<(&str, &SessionId)> = open
+        .iter()
+        .zip(&shares)
+        .flat_map(|(&i, share)| {
+            share
+                .iter()
+                .map(move |id| (id.as_str(), &claims[i].0.session_id))
+        })
+        .collect();
+    let mut leased = lease_rows(txn, &assignment, now.plus(lease)).await?;
+    let event_ids: Vec<EventId> = leased
+        .values()
         .map(|(d, _)| EventId::from_db(d.event_id.clone()))
         .collect();
     let mut events = journal::render(txn, &event_ids).await?;
-    let mut out = Vec::with_capacity(leased.len());
-    for (delivery, secret) in leased {
-        let event = events
-            .remove(&EventId::from_db(delivery.event_id.clone()))
-            .ok_or_else(|| {
-                DbErr::Custom(format!(
-                    "event {} of delivery {} is missing",
-                    delivery.event_id, delivery.id
-                ))
-            })?;
-        out.push(LeasedDelivery {
-            delivery,
-            event,
-            secret,
+
+    for (k, (&i, share)) in open.iter().zip(&shares).enumerate() {
+        let mut deliveries = Vec::with_capacity(share.len());
+        // A row no longer PENDING was not leased (it cannot happen while
+        // this transaction holds the write lock or the row locks).
+        for (delivery, secret) in share.iter().filter_map(|id| leased.remove(id.as_str())) {
+            let event = events
+                .remove(&EventId::from_db(delivery.event_id.clone()))
+                .ok_or_else(|| {
+                    DbErr::Custom(format!(
+                        "event {} of delivery {} is missing",
+                        delivery.event_id, delivery.id
+                    ))
+                })?;
+            deliveries.push(LeasedDelivery {
+                delivery,
+                event,
+                secret,
+            });
+        }
+        outcomes[i] = Some(ClaimOutcome::Leased {
+            deliveries,
+            exhausted: (share.len() as u64) < takes[k],
+            // Counted once, with the first claim.
+            recovered: if k == 0 {
+                recovered
+            } else {
+                Recovered::default()
+            },
+            queue_id: queue_id.clone(),
         });
     }
-    Ok(ClaimOutcome::Leased {
-        deliveries: out,
-        exhausted,
-        recovered,
-        queue_id,
-    })
+    Ok(outcomes.into_iter().flatten().collect())
+}
+
+/// LEASED rows with `lease_until > now` of each of `sessions`.
+async fn live_leases<'a, C: ConnectionTrait>(
+    txn: &C,
+    sessions: impl Iterator<Item = &'a SessionId>,
+    now: Timestamp,
+) -> Result<HashMap<String, u64>, DbErr> {
+    let sessions: Vec<&str> = sessions.map(SessionId::as_str).collect();
+    let rows: Vec<(Option<String>, i64)> = delivery::Entity::find()
+        .select_only()
+        .column(delivery::Column::LeaseSessionId)
+        .column_as(Expr::col(delivery::Column::Id).count(), "n")
+        .filter(delivery::Column::LeaseSessionId.is_in(sessions))
+        .filter(delivery::Column::State.eq(DeliveryState::Leased.as_str()))
+        .filter(delivery::Column::LeaseUntil.gt(now.micros()))
+        .group_by(delivery::Column::LeaseSessionId)
+        .into_tuple()
+        .all(txn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(session, n)| Some((session?, u64::try_from(n).unwrap_or(0))))
+        .collect())
+}
+
+/// Leases each PENDING row of `assignment` to its session in one
+/// statement: `lease_epoch += 1, attempts += 1, revision += 1`,
+/// `lease_until`, the session and the digest of the row's own fresh secret
+/// (`CASE` on the id). Returns the rows after leasing with their secrets,
+/// by id; a row no longer PENDING is not leased.
+async fn lease_rows<C: ConnectionTrait>(
+    txn: &C,
+    assignment: &[(&str, &SessionId)],
+    lease_until: Timestamp,
+) -> Result<HashMap<String, (delivery::Model, LeaseSecret)>, DbErr> {
+    let mut secrets: HashMap<&str, LeaseSecret> = HashMap::with_capacity(assignment.len());
+    let mut cases: Option<(CaseStatement, CaseStatement)> = None;
+    for &(id, session) in assignment {
+        let secret = LeaseSecret::generate();
+        let when = || delivery::Column::Id.eq(id);
+        cases = Some(match cases {
+            None => (
+                Expr::case(when(), secret.digest_hex()),
+                Expr::case(when(), session.as_str()),
+            ),
+            Some((digest, session_case)) => (
+                digest.case(when(), secret.digest_hex()),
+                session_case.case(when(), session.as_str()),
+            ),
+        });
+        secrets.insert(id, secret);
+    }
+    let Some((digest, session)) = cases else {
+        return Ok(HashMap::new());
+    };
+    let rows = delivery::Entity::update_many()
+        .col_expr(
+            delivery::Column::State,
+            Expr::value(DeliveryState::Leased.as_str()),
+        )
+        .col_expr(
+            delivery::Column::LeaseEpoch,
+            Expr::col(delivery::Column::LeaseEpoch).add(1),
+        )
+        .col_expr(
+            delivery::Column::Attempts,
+            Expr::col(delivery::Column::Attempts).add(1),
+        )
+        .col_expr(
+            delivery::Column::Revision,
+            Expr::col(delivery::Column::Revision).add(1),
+        )
+        .col_expr(
+            delivery::Column::LeaseUntil,
+            Expr::value(lease_until.micros()),
+        )
+        .col_expr(
+            delivery::Column::LeaseSessionId,
+            session
+                .finally(Expr::col(delivery::Column::LeaseSessionId))
+                .into(),
+        )
+        .col_expr(
+            delivery::Column::LeaseDigest,
+            digest
+                .finally(Expr::col(delivery::Column::LeaseDigest))
+                .into(),
+        )
+        .filter(delivery::Column::Id.is_in(assignment.iter().map(|(id, _)| *id)))
+        .filter(delivery::Column::State.eq(DeliveryState::Pending.as_str()))
+        .exec_with_returning(txn)
+        .await?;
+    rows.into_iter()
+        .map(|row| {
+            let secret = secrets.remove(row.id.as_str()).ok_or_else(|| {
+                DbErr::Custom(format!("delivery {} was leased but not asked for", row.id))
+            })?;
+            Ok((row.id.clone(), (row, secret)))
+        })
+        .collect()
 }
 
 /// Lapsed leases recovered by [`recover_expired_leases`].

@@ -28,6 +28,14 @@ pub struct Materialized {
     /// Every entry up to the head was consumed: the cursor is at the head
     /// this transaction saw.
     pub caught_up: bool,
+    /// Stopped before a matching entry because the backlog window
+    /// (`max_pending`) is full: nothing more can be inserted until about
+    /// `refill_after` deliveries were acknowledged (decision 0062).
+    pub window_full: bool,
+    /// ACKs after which a materialization of a full window is worth its
+    /// transaction: a quarter of `max_pending`, at most a quarter of a
+    /// batch, at least 1.
+    pub refill_after: u64,
 }
 
 /// One transaction holding the subscription row lock: `room = max_pending -
@@ -82,7 +90,8 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
             ..Default::default()
         });
     }
-    let mut room = i64::from(sub.max_pending) - sub.pending_count;
+    let max_pending = sub.max_pending;
+    let mut room = i64::from(max_pending) - sub.pending_count;
     let entries = journal::read_after(txn, &queue_id, sub.cursor_sequence, pos.head, batch).await?;
     let types = TypeSet::from_db(&sub.types);
     let t = now().micros();
@@ -136,5 +145,7 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         history_gap: None,
         idle: false,
         caught_up: cursor == pos.head,
+        window_full: stopped_for_room,
+        refill_after: (u64::try_from(max_pending).unwrap_or(0) / 4).clamp(1, (batch / 4).max(1)),
     })
 }

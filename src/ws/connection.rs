@@ -40,7 +40,7 @@ use crate::{
     state::AppState,
     store::{
         self,
-        ack::{AckOutcome, LeaseProof},
+        ack::{AckOutcome, AckRequest, LeaseProof},
         audit::AuditActor,
         claim::ClaimOutcome,
         deliveries::DeliveryView,
@@ -579,7 +579,7 @@ impl ConnectionActor {
                 return self.send_now(ctx, text);
             }
         };
-        let db = self.state.db.clone();
+        let acks = self.state.acks.clone();
         let tx = self.write_tx.clone();
         let timeout = self.state.settings.timing.write_timeout();
         let actor = AuditActor {
@@ -597,8 +597,13 @@ impl ConnectionActor {
                 epoch: ack.epoch,
                 secret: ack.lease_secret,
             };
-            let outcome =
-                store::ack::acknowledge(&db, &bound.subscription_id, &actor, &proof).await;
+            let outcome = acks
+                .acknowledge(AckRequest {
+                    subscription_id: bound.subscription_id.clone(),
+                    actor,
+                    proof: proof.clone(),
+                })
+                .await;
             let text = match &outcome {
                 Ok(AckOutcome::Acked {
                     event_id,

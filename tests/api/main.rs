@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod commit_order;
+mod group_commit;
 mod helpers;
 mod http_common;
 mod http_deliveries;

@@ -197,11 +197,17 @@ impl Behaviour {
 }
 
 /// Receives deliveries and ACKs each at once (unless holding), recording
-/// every frame, until stopped or the connection ends.
+/// every frame, until stopped and quiet, or the connection ends. Quiet: the
+/// replies to ACKs that committed just before the stop are still on their
+/// way (a node answers after the commit), so a stopped consumer reads on
+/// until no frame came for 500 ms.
 async fn consume(mut ws: WsClient, node: usize, behaviour: Behaviour) -> ConsumerLog {
     let mut log = ConsumerLog::default();
-    while !behaviour.stop.load(Ordering::Relaxed) {
-        let frame = match ws.recv_within(Duration::from_millis(100)).await {
+    loop {
+        let stopped = behaviour.stop.load(Ordering::Relaxed);
+        let wait = Duration::from_millis(if stopped { 500 } else { 100 });
+        let frame = match ws.recv_within(wait).await {
+            None if stopped => break,
             None => continue,
             Some(Received::Closed(_)) => {
                 log.closed = true;

@@ -1,0 +1,437 @@
+//! `orbit-bench`: durable acknowledged deliveries per second and latency of
+//! orbit-events, side by side with Redis Streams and a plain SQL queue, on
+//! the same workload in one command (see README.md and
+//! docs/performance.md).
+
+mod drive;
+mod orbit;
+mod redis_streams;
+mod sql_queue;
+mod stats;
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::{
+    drive::Workload,
+    orbit::{Backend, NodeOptions},
+    redis_streams::RedisOptions,
+    sql_queue::QueueBackend,
+    stats::{RunResult, Summary},
+};
+
+#[derive(Parser)]
+#[command(version, about = "Benchmark durable acknowledged deliveries", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the workload against each target, `--repeat` times
+    /// (interleaved), and prints one table with median (min–max).
+    Run(RunArgs),
+    /// RSS of an orbit-events node with 0 and then N idle bound sessions.
+    Idle(IdleArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Target {
+    /// orbit-events on a fresh SQLite file (WAL, synchronous=FULL).
+    OrbitSqlite,
+    /// orbit-events on a fresh PostgreSQL database (needs --postgres).
+    OrbitPostgres,
+    /// Redis Streams, consumer groups, XACK per message (needs --redis).
+    Redis,
+    /// A plain PostgreSQL SKIP LOCKED queue, one commit per ACK.
+    PgQueue,
+    /// The same queue on SQLite (WAL, synchronous=FULL).
+    SqliteQueue,
+}
+
+impl Target {
+    fn label(self) -> &'static str {
+        match self {
+            Target::OrbitSqlite => "orbit-sqlite",
+            Target::OrbitPostgres => "orbit-postgres",
+            Target::Redis => "redis",
+            Target::PgQueue => "pg-queue",
+            Target::SqliteQueue => "sqlite-queue",
+        }
+    }
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// The orbit-events binary (default: next to this one).
+    #[arg(long)]
+    orbit_bin: Option<PathBuf>,
+    /// A PostgreSQL server URL (each run creates and drops its own database).
+    #[arg(long, env = "ORBIT_BENCH_POSTGRES")]
+    postgres: Option<String>,
+    /// Temporary folders (SQLite files) go here.
+    #[arg(long)]
+    scratch: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Targets, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    targets: Vec<Target>,
+    #[command(flatten)]
+    common: Common,
+    /// Redis URL (started with appendonly yes, appendfsync always).
+    #[arg(long, env = "ORBIT_BENCH_REDIS")]
+    redis: Option<String>,
+    /// Redis' data folder, for the size of its append-only file.
+    #[arg(long, env = "ORBIT_BENCH_REDIS_DIR")]
+    redis_dir: Option<PathBuf>,
+    /// Results published (N).
+    #[arg(short = 'n', long, default_value_t = 50_000)]
+    events: u64,
+    /// Consumer connections (C).
+    #[arg(short = 'c', long, default_value_t = 8)]
+    consumers: usize,
+    /// Deliveries per consumer at once (K).
+    #[arg(short = 'k', long, default_value_t = 32)]
+    capacity: u32,
+    /// Subscriptions (S), each receiving every result.
+    #[arg(short = 's', long, default_value_t = 1)]
+    subscriptions: usize,
+    /// Publish one result per request at this rate (per second) instead
+    /// of full speed.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Results per publish request at full speed.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Concurrent publishers at full speed.
+    #[arg(long, default_value_t = 4)]
+    publishers: usize,
+    /// Filler bytes per result.
+    #[arg(long, default_value_t = 200)]
+    payload: usize,
+    /// Runs per target.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// orbit-events only: entries written into the log by SQL before the
+    /// node starts (subscriptions start after them).
+    #[arg(long, default_value_t = 0)]
+    preload: u64,
+    /// Give up on a run after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_s: u64,
+}
+
+#[derive(clap::Args)]
+struct IdleArgs {
+    #[command(flatten)]
+    common: Common,
+    /// sqlite or postgres.
+    #[arg(long, default_value = "sqlite")]
+    backend: String,
+    /// Idle bound sessions.
+    #[arg(long, default_value_t = 128)]
+    connections: usize,
+    /// Capacity each session asks for.
+    #[arg(short = 'k', long, default_value_t = 32)]
+    capacity: u32,
+    /// Measurements.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Idle(args) => idle(args).await,
+        }
+    })
+}
+
+fn node_options(common: &Common, backend: Backend, preload: u64) -> Result<NodeOptions> {
+    let bin = match &common.orbit_bin {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no folder of this binary")?
+            .join("orbit-events"),
+    };
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it with `cargo build --release` or pass --orbit-bin",
+            bin.display()
+        );
+    }
+    Ok(NodeOptions {
+        bin,
+        backend,
+        scratch: scratch(common),
+        preload,
+    })
+}
+
+fn scratch(common: &Common) -> PathBuf {
+    common.scratch.clone().unwrap_or_else(std::env::temp_dir)
+}
+
+fn postgres(common: &Common) -> Result<String> {
+    common
+        .postgres
+        .clone()
+        .context("this target needs --postgres URL (or ORBIT_BENCH_POSTGRES)")
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+async fn run_target(args: &RunArgs, target: Target, w: &Workload) -> Result<RunResult> {
+    let label = target.label();
+    match target {
+        Target::OrbitSqlite => {
+            let opts = node_options(&args.common, Backend::Sqlite, args.preload)?;
+            orbit::run_once(&opts, w, label).await
+        }
+        Target::OrbitPostgres => {
+            let opts = node_options(
+                &args.common,
+                Backend::Postgres(postgres(&args.common)?),
+                args.preload,
+            )?;
+            orbit::run_once(&opts, w, label).await
+        }
+        Target::Redis => {
+            let url = args
+                .redis
+                .clone()
+                .context("the redis target needs --redis URL (or ORBIT_BENCH_REDIS)")?;
+            let opts = RedisOptions {
+                url,
+                dir: args.redis_dir.clone(),
+            };
+            redis_streams::run_once(&opts, w, label).await
+        }
+        Target::PgQueue => {
+            let backend = QueueBackend::Postgres(postgres(&args.common)?);
+            sql_queue::run_once(&backend, w, label).await
+        }
+        Target::SqliteQueue => {
+            let backend = QueueBackend::Sqlite(scratch(&args.common));
+            sql_queue::run_once(&backend, w, label).await
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let w = Workload {
+        events: args.events,
+        consumers: args.consumers,
+        capacity: args.capacity,
+        subscriptions: args.subscriptions.max(1),
+        rate: args.rate,
+        batch: args.batch.clamp(1, 100),
+        publishers: args.publishers,
+        payload_bytes: args.payload,
+        timeout: Duration::from_secs(args.timeout_s),
+    };
+    let load_before = load_average();
+    let mut results: Vec<(Target, Vec<RunResult>)> =
+        args.targets.iter().map(|t| (*t, Vec::new())).collect();
+    // Interleaved, so that a noisy minute hurts every target alike.
+    for rep in 1..=args.repeat {
+        for (target, runs) in results.iter_mut() {
+            let r = run_target(&args, *target, &w)
+                .await
+                .with_context(|| format!("{} run {rep}", target.label()))?;
+            eprintln!(
+                "{} run {rep}: {:.0} acked/s in {:.2} s, load {}",
+                target.label(),
+                r.acked_per_s(),
+                r.elapsed.as_secs_f64(),
+                load_average()
+            );
+            runs.push(r);
+        }
+    }
+    let summaries: Vec<Summary> = results
+        .iter_mut()
+        .map(|(t, runs)| Summary::of(t.label(), runs))
+        .collect();
+
+    let mode = match w.rate {
+        Some(r) => format!("paced at {r}/s, one result per request"),
+        None => format!(
+            "full speed, {} results per request, {} publishers",
+            w.batch, w.publishers
+        ),
+    };
+    println!(
+        "orbit-bench: N={} results, S={} subscription(s), C={} consumers, K={}, {} filler bytes, {}",
+        w.events, w.subscriptions, w.consumers, w.capacity, w.payload_bytes, mode
+    );
+    if args.preload > 0 {
+        println!("orbit-events logs preloaded with {} entries", args.preload);
+    }
+    println!(
+        "{} runs per target (interleaved); {} cores; load average {} before, {} after",
+        args.repeat,
+        cores(),
+        load_before,
+        load_average()
+    );
+    println!(
+        "durability: orbit-events SQLite WAL synchronous=FULL, PostgreSQL synchronous_commit=on; Redis appendfsync always; queues commit every ACK"
+    );
+    println!("each cell: median (min–max); latencies in ms");
+    print_table(&summaries);
+    print_ratios(&summaries, w.rate.is_some());
+    Ok(())
+}
+
+fn cell(s: &Option<stats::Spread>, decimals: usize) -> String {
+    s.map_or_else(|| "n/a".to_owned(), |s| s.show(decimals))
+}
+
+fn print_table(summaries: &[Summary]) {
+    let header = [
+        "target",
+        "acked/s",
+        "p50",
+        "p99",
+        "p99.9",
+        "ack p50",
+        "ack p99",
+        "RSS MiB",
+        "RSS/conn KiB",
+        "DB MiB",
+    ];
+    let rows: Vec<Vec<String>> = summaries
+        .iter()
+        .map(|s| {
+            vec![
+                s.target.clone(),
+                cell(&s.acked_per_s, 0),
+                cell(&s.p50_ms, 1),
+                cell(&s.p99_ms, 1),
+                cell(&s.p999_ms, 1),
+                cell(&s.ack_p50_ms, 2),
+                cell(&s.ack_p99_ms, 2),
+                cell(&s.rss_mib, 0),
+                cell(&s.rss_per_connection_kib, 0),
+                cell(&s.db_mib, 1),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("| {} |", padded.join(" | "));
+    };
+    line(header.iter().map(|h| (*h).to_owned()).collect());
+    println!(
+        "|{}|",
+        widths
+            .iter()
+            .map(|w| "-".repeat(w + 2))
+            .collect::<Vec<_>>()
+            .join("|")
+    );
+    for r in rows {
+        line(r);
+    }
+}
+
+/// Throughput ratios; latency ratios only for paced runs (at full speed the
+/// latency is the time a result waits in the backlog, not a target's).
+fn print_ratios(summaries: &[Summary], paced: bool) {
+    let median = |name: &str, f: &dyn Fn(&Summary) -> Option<stats::Spread>| {
+        summaries
+            .iter()
+            .find(|s| s.target == name)
+            .and_then(f)
+            .map(|s| s.median)
+    };
+    for orbit in ["orbit-sqlite", "orbit-postgres"] {
+        let Some(ours) = median(orbit, &|s| s.acked_per_s) else {
+            continue;
+        };
+        for base in ["redis", "pg-queue", "sqlite-queue"] {
+            if let Some(theirs) = median(base, &|s| s.acked_per_s) {
+                println!("{orbit} acked/s ÷ {base}: {:.2}×", ours / theirs);
+            }
+        }
+        if let (true, Some(ours), Some(theirs)) = (
+            paced,
+            median(orbit, &|s| s.p99_ms),
+            median("redis", &|s| s.p99_ms),
+        ) {
+            println!("{orbit} p99 ÷ redis p99: {:.2}×", ours / theirs);
+        }
+    }
+}
+
+async fn idle(args: IdleArgs) -> Result<()> {
+    let backend = match args.backend.as_str() {
+        "sqlite" => Backend::Sqlite,
+        "postgres" => Backend::Postgres(postgres(&args.common)?),
+        other => bail!("--backend is sqlite or postgres, not {other}"),
+    };
+    let opts = node_options(&args.common, backend, 0)?;
+    let load_before = load_average();
+    let mut per = Vec::new();
+    let mut rows = Vec::new();
+    for _ in 0..args.repeat {
+        let (rss0, rss_n) = orbit::idle_rss(&opts, args.connections, args.capacity).await?;
+        let per_conn = (rss_n as f64 - rss0 as f64) / args.connections as f64;
+        per.push(per_conn);
+        rows.push((rss0, rss_n, per_conn));
+    }
+    println!(
+        "orbit-bench idle: {} backend, {} idle bound sessions (capacity {}), {} runs; {} cores; load average {} before, {} after",
+        args.backend,
+        args.connections,
+        args.capacity,
+        args.repeat,
+        cores(),
+        load_before,
+        load_average()
+    );
+    for (rss0, rss_n, per_conn) in rows {
+        println!(
+            "RSS with 0 sessions {rss0} KiB, with {} sessions {rss_n} KiB: {per_conn:.1} KiB per connection",
+            args.connections
+        );
+    }
+    if let Some(s) = stats::Spread::of(per) {
+        println!("RSS per idle connection, KiB: {}", s.show(1));
+    }
+    Ok(())
+}

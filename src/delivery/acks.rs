@@ -1,0 +1,139 @@
+//! The node's ACK batcher: group commit of ACKs (decision 0060).
+//!
+//! Connections hand each `event.ack` to one task per node. It takes every
+//! ACK waiting, runs them as one transaction
+//! ([`store::ack::acknowledge_batch`]) and answers each one after that
+//! transaction committed; ACKs that arrive while every batch slot is busy
+//! (one on SQLite, four on PostgreSQL) wait in the channel and form the
+//! next batch. Under load a commit (an fsync) serves many ACKs;
+//! alone, an ACK goes through at once, as before. The reply to an ACK still
+//! leaves only after its commit (delivery-model.md §6).
+
+use std::sync::Arc;
+
+use actix::ArbiterHandle;
+use sea_orm::{DbBackend, DbErr};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::store::{
+    self, Database,
+    ack::{AckOutcome, AckRequest},
+};
+
+/// ACKs per transaction at most (a bound on the statement size: the batch
+/// `UPDATE` carries two parameters per ACK, its audit insert ten).
+pub const MAX_ACK_BATCH: usize = 512;
+
+/// ACKs waiting for the batcher. Each connection has at most `read_queue`
+/// ACKs in flight, so this is only reached with very many connections;
+/// beyond it a connection waits (backpressure), nothing is dropped.
+const CHANNEL: usize = 4096;
+
+struct Pending {
+    request: AckRequest,
+    reply: oneshot::Sender<Result<AckOutcome, String>>,
+}
+
+/// Handle of the node's ACK batcher (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct AckBatcher {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl AckBatcher {
+    /// Starts the batcher on `arbiter` (the delivery actors' thread).
+    pub fn start(db: Database, arbiter: &ArbiterHandle) -> AckBatcher {
+        let (tx, rx) = mpsc::channel(CHANNEL);
+        arbiter.spawn(run(db, rx));
+        AckBatcher { tx }
+    }
+
+    /// Acknowledges one delivery; returns after the transaction holding
+    /// this ACK committed (or failed: `Err`, nothing of it was written).
+    pub async fn acknowledge(&self, request: AckRequest) -> Result<AckOutcome, DbErr> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Pending { request, reply })
+            .await
+            .map_err(|_| DbErr::Custom("the ACK batcher has stopped".to_owned()))?;
+        match answer.await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(message)) => Err(DbErr::Custom(message)),
+            Err(_) => Err(DbErr::Custom("the ACK batcher has stopped".to_owned())),
+        }
+    }
+}
+
+/// ACK transactions in flight at once: SQLite has one writer, so a second
+/// batch would only wait for it; on PostgreSQL a few batches commit side
+/// by side, so an ACK waits for a free slot rather than for the batch
+/// ahead of it (rows are locked in id order: batches never deadlock).
+fn batches_in_flight(db: &Database) -> usize {
+    match db.backend() {
+        DbBackend::Postgres => 4,
+        _ => 1,
+    }
+}
+
+async fn run(db: Database, mut rx: mpsc::Receiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(batches_in_flight(&db)));
+    loop {
+        // A slot first: while every slot commits, ACKs gather in the
+        // channel and become the next batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(MAX_ACK_BATCH);
+        if rx.recv_many(&mut batch, MAX_ACK_BATCH).await == 0 {
+            return;
+        }
+        let db = db.clone();
+        actix::spawn(async move {
+            let (requests, replies): (Vec<AckRequest>, Vec<_>) =
+                batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+            let outcomes = acknowledge_each(&db, &requests).await;
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A connection that went away meanwhile no longer waits.
+                let _ = reply.send(outcome.map_err(|e| e.to_string()));
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// One outcome per request, in order. The batch runs as one transaction
+/// ([`store::ack::acknowledge_batch`]); if that fails for a reason other
+/// than the database being unreachable, each ACK is tried again alone, so
+/// that one ACK the database rejects never fails the others that happened
+/// to share its transaction (decision 0060). `Err` for a request: nothing
+/// of it was written.
+pub async fn acknowledge_each(
+    db: &Database,
+    requests: &[AckRequest],
+) -> Vec<Result<AckOutcome, DbErr>> {
+    let err = match store::ack::acknowledge_batch(db, requests).await {
+        Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
+        Err(err) => err,
+    };
+    let unreachable = matches!(err, DbErr::ConnectionAcquire(_) | DbErr::Conn(_));
+    if requests.len() == 1 || unreachable {
+        tracing::warn!(error = %err, acks = requests.len(), "ACK batch failed on the database");
+        let message = err.to_string();
+        return requests
+            .iter()
+            .map(|_| Err(DbErr::Custom(message.clone())))
+            .collect();
+    }
+    tracing::warn!(error = %err, acks = requests.len(), "ACK batch failed; acknowledging its ACKs one by one");
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for request in requests {
+        let outcome =
+            store::ack::acknowledge(db, &request.subscription_id, &request.actor, &request.proof)
+                .await;
+        if let Err(err) = &outcome {
+            tracing::warn!(error = %err, "ACK failed on the database");
+        }
+        outcomes.push(outcome);
+    }
+    outcomes
+}
