@@ -133,9 +133,10 @@ impl Application {
         let retention_settings = settings.retention.clone();
         let listen_url = settings.database.url.clone();
         let delivery_db = db.clone();
+        let ack_db = db.clone();
         let delivery_node = node_id.clone();
         let delivery_metrics = metrics.clone();
-        let (delivery, (pool, scanner, sweeper)) = DeliveryThread::start(move || {
+        let (delivery, (pool, scanner, sweeper, acks)) = DeliveryThread::start(move || {
             let (db, node_id, metrics) = (delivery_db, delivery_node, delivery_metrics);
             let pool = LeasePoolActor::new(db.clone(), pool_limits, lease, metrics.clone()).start();
             // Several nodes share one database only on PostgreSQL: there,
@@ -164,11 +165,11 @@ impl Application {
             if shared {
                 listener::start_listener(listen_url, node_id, scanner.clone());
             }
-            (pool, scanner, sweeper)
+            let acks = AckBatcher::start(ack_db);
+            (pool, scanner, sweeper, acks)
         })
         .map_err(StartupError::Thread)?;
 
-        let acks = AckBatcher::start(db.clone(), &delivery.handle());
         let state = AppState {
             db,
             settings: settings.clone(),

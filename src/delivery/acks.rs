@@ -11,7 +11,6 @@
 
 use std::sync::Arc;
 
-use actix::ArbiterHandle;
 use sea_orm::{DbBackend, DbErr};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -41,10 +40,12 @@ pub struct AckBatcher {
 }
 
 impl AckBatcher {
-    /// Starts the batcher on `arbiter` (the delivery actors' thread).
-    pub fn start(db: Database, arbiter: &ArbiterHandle) -> AckBatcher {
+    /// Starts the batcher as a task of the calling thread's actix/Tokio
+    /// local task set; the node calls it on its delivery thread, so the
+    /// batcher stops with the delivery actors.
+    pub fn start(db: Database) -> AckBatcher {
         let (tx, rx) = mpsc::channel(CHANNEL);
-        arbiter.spawn(run(db, rx));
+        actix::spawn(run(db, rx));
         AckBatcher { tx }
     }
 
