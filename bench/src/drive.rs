@@ -149,7 +149,11 @@ pub trait Publisher: Clone + Send + Sync + 'static {
 
 /// Publishes the workload's N results; returns when the first publish
 /// started. Failures are reported through `tracker`.
-pub fn start_publishing<P: Publisher>(w: &Workload, publisher: P, tracker: Arc<Tracker>) -> Instant {
+pub fn start_publishing<P: Publisher>(
+    w: &Workload,
+    publisher: P,
+    tracker: Arc<Tracker>,
+) -> Instant {
     let started = Instant::now();
     let events = w.events;
     match w.rate {

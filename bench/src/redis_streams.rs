@@ -31,7 +31,11 @@ async fn connection(client: &redis::Client) -> Result<MultiplexedConnection> {
 }
 
 async fn used_memory_rss_kib(con: &mut MultiplexedConnection) -> Option<u64> {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(con).await.ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(con)
+        .await
+        .ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("used_memory_rss:"))
         .and_then(|v| v.trim().parse::<u64>().ok())

@@ -101,9 +101,10 @@ impl Conn {
 
     async fn publish(&mut self, subs: usize, due_us: u64, count: usize, pad: &str) -> Result<()> {
         let rows = (0..count).flat_map(|_| 0..subs as i32);
-                match self {
+        match self {
             Conn::Pg(c) => {
-                let mut q: QueryBuilder<sqlx::Postgres> = QueryBuilder::new("INSERT INTO jobs (sub, state, published_at, payload) ");
+                let mut q: QueryBuilder<sqlx::Postgres> =
+                    QueryBuilder::new("INSERT INTO jobs (sub, state, published_at, payload) ");
                 q.push_values(rows, |mut b, sub| {
                     b.push_bind(sub)
                         .push_bind(0_i16)
@@ -150,7 +151,7 @@ impl Database {
                     "CREATE TABLE jobs (id BIGSERIAL PRIMARY KEY, sub INT NOT NULL,
                        state SMALLINT NOT NULL, lease_until BIGINT, acked_at BIGINT,
                        published_at BIGINT NOT NULL, payload TEXT NOT NULL);
-                     CREATE INDEX jobs_ready ON jobs (sub, state, id);"
+                     CREATE INDEX jobs_ready ON jobs (sub, state, id);",
                 )
                 .execute(&mut c)
                 .await?;
@@ -178,7 +179,7 @@ impl Database {
                         "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT,
                            sub INT NOT NULL, state SMALLINT NOT NULL, lease_until BIGINT,
                            acked_at BIGINT, published_at BIGINT NOT NULL, payload TEXT NOT NULL);
-                         CREATE INDEX jobs_ready ON jobs (sub, state, id);"
+                         CREATE INDEX jobs_ready ON jobs (sub, state, id);",
                     )
                     .execute(c)
                     .await?;
@@ -207,10 +208,9 @@ impl Database {
             (QueueBackend::Sqlite(_), Some(dir)) => Ok(crate::drive::dir_bytes(dir.path())),
             _ => {
                 let mut c = PgConnection::connect(&self.url).await?;
-                let (size,): (i64,) =
-                    sqlx::query_as("SELECT pg_database_size(current_database())")
-                        .fetch_one(&mut c)
-                        .await?;
+                let (size,): (i64,) = sqlx::query_as("SELECT pg_database_size(current_database())")
+                    .fetch_one(&mut c)
+                    .await?;
                 Ok(size as u64)
             }
         }
@@ -219,9 +219,11 @@ impl Database {
     async fn drop_database(&self) -> Result<()> {
         if let (QueueBackend::Postgres(server), Some(name)) = (&self.backend, &self.name) {
             let mut admin = PgConnection::connect(server).await?;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-                .execute(&mut admin)
-                .await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut admin)
+            .await?;
         }
         Ok(())
     }
