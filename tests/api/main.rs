@@ -4,6 +4,7 @@
 
 mod commit_order;
 mod helpers;
+mod history;
 mod http_common;
 mod http_deliveries;
 mod http_guide;
