@@ -89,7 +89,7 @@ impl Tracker {
     /// One more delivery confirmed.
     pub fn acked(&self) {
         let n = self.acked.fetch_add(1, Ordering::AcqRel) + 1;
-        if n % 256 == 0 || n == self.total {
+        if n.is_multiple_of(256) || n == self.total {
             self.bar.set_position(n);
         }
         if n == self.total {
