@@ -663,8 +663,21 @@ async fn run_on(node: &Node, w: &Workload, label: &str) -> Result<RunResult> {
         queue_id: node.queue_id.clone(),
         filler: w.filler().into(),
     };
+    let cpu_before = cpu_ms(node.pid);
     let started = drive::start_publishing(w, publisher, tracker.clone());
     let finished = tracker.finished(w.timeout).await;
+    // The node's own CPU time per acknowledged delivery hardly depends on
+    // what else runs on the machine (unlike deliveries/s); on SQLite it
+    // includes the database work. On stderr, next to the run's line.
+    if let (Some(a), Some(b)) = (cpu_before, cpu_ms(node.pid)) {
+        let acked = tracker.count().max(1) as f64;
+        eprintln!(
+            "{label}: node CPU {:.0} ms for {} acked deliveries = {:.1} ms per 1000",
+            b - a,
+            tracker.count(),
+            (b - a) / acked * 1000.0
+        );
+    }
     let mut all = Vec::new();
     for c in consumers {
         if let Ok(Ok(s)) = c.await {
@@ -685,6 +698,18 @@ async fn run_on(node: &Node, w: &Workload, label: &str) -> Result<RunResult> {
         },
         db_bytes: None,
     })
+}
+
+/// User + system CPU time of process `pid` so far, in milliseconds
+/// (`/proc/PID/stat`, clock ticks of 10 ms as on every Linux this runs on).
+fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start at 3.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) * 10.0)
 }
 
 /// RSS of a node with 0 and then `n` idle bound sessions (after a warm-up
