@@ -119,9 +119,12 @@ struct RunArgs {
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     /// orbit-events only: entries written into the log by SQL before the
-    /// node starts (subscriptions start after them).
-    #[arg(long, default_value_t = 0)]
-    preload: u64,
+    /// node starts (subscriptions start after them). A benchmark setup
+    /// tool: the log is prefilled once per target into a template database
+    /// that every run copies (see docs/performance.md). Several sizes,
+    /// comma-separated, make one row per size, interleaved like targets.
+    #[arg(long, alias = "prefill", value_delimiter = ',', default_value = "0")]
+    preload: Vec<u64>,
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
@@ -158,7 +161,12 @@ fn main() -> Result<()> {
     })
 }
 
-fn node_options(common: &Common, backend: Backend, preload: u64) -> Result<NodeOptions> {
+fn node_options(
+    common: &Common,
+    backend: Backend,
+    preload: u64,
+    template: &orbit::TemplateSlot,
+) -> Result<NodeOptions> {
     let bin = match &common.orbit_bin {
         Some(b) => b.clone(),
         None => std::env::current_exe()?
@@ -177,6 +185,7 @@ fn node_options(common: &Common, backend: Backend, preload: u64) -> Result<NodeO
         backend,
         scratch: scratch(common),
         preload,
+        template: template.clone(),
     })
 }
 
@@ -201,18 +210,20 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-async fn run_target(args: &RunArgs, target: Target, w: &Workload) -> Result<RunResult> {
-    let label = target.label();
+async fn run_target(args: &RunArgs, row: &Row, w: &Workload) -> Result<RunResult> {
+    let (target, preload, template) = (row.target, row.preload, &row.template);
+    let label = row.label.as_str();
     match target {
         Target::OrbitSqlite => {
-            let opts = node_options(&args.common, Backend::Sqlite, args.preload)?;
+            let opts = node_options(&args.common, Backend::Sqlite, preload, template)?;
             orbit::run_once(&opts, w, label).await
         }
         Target::OrbitPostgres => {
             let opts = node_options(
                 &args.common,
                 Backend::Postgres(postgres(&args.common)?),
-                args.preload,
+                preload,
+                template,
             )?;
             orbit::run_once(&opts, w, label).await
         }
@@ -238,6 +249,60 @@ async fn run_target(args: &RunArgs, target: Target, w: &Workload) -> Result<RunR
     }
 }
 
+/// One row of the table: a target, and for orbit-events the size of the
+/// prefilled log.
+struct Row {
+    target: Target,
+    preload: u64,
+    label: String,
+    runs: Vec<RunResult>,
+    template: orbit::TemplateSlot,
+}
+
+fn rows(args: &RunArgs) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for target in &args.targets {
+        let orbit = matches!(target, Target::OrbitSqlite | Target::OrbitPostgres);
+        let sizes: &[u64] = if orbit { &args.preload } else { &[0] };
+        for &preload in sizes {
+            let label = if orbit && args.preload.len() > 1 {
+                format!("{}+{preload}", target.label())
+            } else {
+                target.label().to_owned()
+            };
+            rows.push(Row {
+                target: *target,
+                preload,
+                label,
+                runs: Vec::new(),
+                template: orbit::TemplateSlot::default(),
+            });
+        }
+    }
+    rows
+}
+
+/// Every run of every row, interleaved so that a noisy minute hurts
+/// every row alike.
+async fn run_all(args: &RunArgs, w: &Workload, rows: &mut [Row]) -> Result<()> {
+    for rep in 1..=args.repeat {
+        for row in rows.iter_mut() {
+            let r = run_target(args, row, w)
+                .await
+                .with_context(|| format!("{} run {rep}", row.label))?;
+            eprintln!(
+                "{} run {rep}: {:.0} acked/s in {:.2} s, load {}",
+                row.label,
+                r.acked_per_s(),
+                r.elapsed.as_secs_f64(),
+                load_average()
+            );
+            row.runs.push(r);
+        }
+    }
+    Ok(())
+}
+
 async fn run(args: RunArgs) -> Result<()> {
     let w = Workload {
         events: args.events,
@@ -251,27 +316,17 @@ async fn run(args: RunArgs) -> Result<()> {
         timeout: Duration::from_secs(args.timeout_s),
     };
     let load_before = load_average();
-    let mut results: Vec<(Target, Vec<RunResult>)> =
-        args.targets.iter().map(|t| (*t, Vec::new())).collect();
-    // Interleaved, so that a noisy minute hurts every target alike.
-    for rep in 1..=args.repeat {
-        for (target, runs) in results.iter_mut() {
-            let r = run_target(&args, *target, &w)
-                .await
-                .with_context(|| format!("{} run {rep}", target.label()))?;
-            eprintln!(
-                "{} run {rep}: {:.0} acked/s in {:.2} s, load {}",
-                target.label(),
-                r.acked_per_s(),
-                r.elapsed.as_secs_f64(),
-                load_average()
-            );
-            runs.push(r);
+    let mut rows = rows(&args);
+    let measured = run_all(&args, &w, &mut rows).await;
+    for row in &rows {
+        if let Some(template) = row.template.lock().await.take() {
+            template.remove().await?;
         }
     }
-    let summaries: Vec<Summary> = results
+    measured?;
+    let summaries: Vec<Summary> = rows
         .iter_mut()
-        .map(|(t, runs)| Summary::of(t.label(), runs))
+        .map(|row| Summary::of(&row.label, &mut row.runs))
         .collect();
 
     let mode = match w.rate {
@@ -285,8 +340,12 @@ async fn run(args: RunArgs) -> Result<()> {
         "orbit-bench: N={} results, S={} subscription(s), C={} consumers, K={}, {} filler bytes, {}",
         w.events, w.subscriptions, w.consumers, w.capacity, w.payload_bytes, mode
     );
-    if args.preload > 0 {
-        println!("orbit-events logs preloaded with {} entries", args.preload);
+    if args.preload.iter().any(|&n| n > 0) {
+        let sizes: Vec<String> = args.preload.iter().map(u64::to_string).collect();
+        println!(
+            "orbit-events logs prefilled with {} entries (row label +N), subscriptions from the head",
+            sizes.join(" / ")
+        );
     }
     println!(
         "{} runs per target (interleaved); {} cores; load average {} before, {} after",
@@ -301,6 +360,7 @@ async fn run(args: RunArgs) -> Result<()> {
     println!("each cell: median (min–max); latencies in ms");
     print_table(&summaries);
     print_ratios(&summaries, w.rate.is_some());
+    print_history_ratios(&args, &summaries);
     Ok(())
 }
 
@@ -369,6 +429,35 @@ fn print_table(summaries: &[Summary]) {
     }
 }
 
+/// With several prefill sizes: each larger log's acked/s against the
+/// smallest's (docs/performance.md "History does not slow the hot paths").
+fn print_history_ratios(args: &RunArgs, summaries: &[Summary]) {
+    let (Some(&small), true) = (args.preload.iter().min(), args.preload.len() > 1) else {
+        return;
+    };
+    let acked = |label: &str| {
+        summaries
+            .iter()
+            .find(|s| s.target == label)
+            .and_then(|s| s.acked_per_s)
+            .map(|s| s.median)
+    };
+    for orbit in ["orbit-sqlite", "orbit-postgres"] {
+        for &big in args.preload.iter().filter(|&&n| n != small) {
+            if let (Some(b), Some(s)) = (
+                acked(&format!("{orbit}+{big}")),
+                acked(&format!("{orbit}+{small}")),
+            ) {
+                println!(
+                    "{orbit} acked/s with {big} entries ÷ with {small}: {:.3}× ({:+.1} %)",
+                    b / s,
+                    (b / s - 1.0) * 100.0
+                );
+            }
+        }
+    }
+}
+
 /// Throughput ratios; latency ratios only for paced runs (at full speed the
 /// latency is the time a result waits in the backlog, not a target's).
 fn print_ratios(summaries: &[Summary], paced: bool) {
@@ -404,7 +493,7 @@ async fn idle(args: IdleArgs) -> Result<()> {
         "postgres" => Backend::Postgres(postgres(&args.common)?),
         other => bail!("--backend is sqlite or postgres, not {other}"),
     };
-    let opts = node_options(&args.common, backend, 0)?;
+    let opts = node_options(&args.common, backend, 0, &orbit::TemplateSlot::default())?;
     let load_before = load_average();
     let mut per = Vec::new();
     let mut rows = Vec::new();

@@ -53,6 +53,8 @@ pub struct NodeOptions {
     /// Entries written straight into the log (by SQL) before the node
     /// starts; subscriptions start after them.
     pub preload: u64,
+    /// The prefilled database the runs copy (when `preload > 0`).
+    pub template: TemplateSlot,
 }
 
 /// A running node with a credential.
@@ -64,30 +66,52 @@ pub struct Node {
     /// The token's text, for the WebSocket `Authorization` header.
     pub bearer: String,
     pub queue_id: String,
-    dir: tempfile::TempDir,
+    /// The node's own folder (its log; on a fresh SQLite run also its
+    /// database), removed with the node.
+    _dir: tempfile::TempDir,
+    /// The SQLite database's folder (for its size).
+    sqlite_dir: Option<PathBuf>,
+    /// A PostgreSQL database of this run only, dropped by [`Node::stop`].
     database: Option<(String, String)>,
     db_url: String,
 }
 
 impl Node {
-    /// Creates the database, bootstraps a credential, preloads the log and
+    /// Creates the database and bootstraps a credential (with `preload`:
+    /// uses the prefilled database of the target, see [`Template`]), and
     /// starts `serve`; returns once `/healthz` answers.
     pub async fn start(opts: &NodeOptions) -> Result<Node> {
         let dir = tempfile::Builder::new()
             .prefix("orbit-bench-")
             .tempdir_in(&opts.scratch)?;
-        let (db_url, database) = match &opts.backend {
-            Backend::Sqlite => (
-                format!("sqlite://{}/orbit.db?mode=rwc", dir.path().display()),
-                None,
-            ),
-            Backend::Postgres(server) => {
+        let template = if opts.preload > 0 {
+            let mut slot = opts.template.lock().await;
+            if slot.is_none() {
+                *slot = Some(Template::create(opts).await?);
+            }
+            slot.as_ref().map(|t| (t.boot.clone(), t.source.clone()))
+        } else {
+            None
+        };
+        let (db_url, sqlite_dir, database) = match (&opts.backend, &template) {
+            (Backend::Sqlite, Some((_, TemplateSource::Sqlite(folder)))) => {
+                (sqlite_url(folder), Some(folder.clone()), None)
+            }
+            (Backend::Postgres(server), Some((_, TemplateSource::Postgres(name)))) => {
+                (with_database(server, name)?, None, None)
+            }
+            (Backend::Sqlite, _) => (sqlite_url(dir.path()), Some(dir.path().to_owned()), None),
+            (Backend::Postgres(server), _) => {
                 let name = format!("orbit_bench_{}", random_suffix());
                 let mut admin = sqlx::PgConnection::connect(server).await?;
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(&mut admin)
                     .await?;
-                (with_database(server, &name)?, Some((server.clone(), name)))
+                (
+                    with_database(server, &name)?,
+                    None,
+                    Some((server.clone(), name)),
+                )
             }
         };
         let port = free_port()?;
@@ -96,35 +120,10 @@ impl Node {
                 .env("ORBIT_EVENTS__SERVER__LISTEN", format!("127.0.0.1:{port}"))
                 .env("RUST_LOG", "warn");
         };
-        let mut boot = tokio::process::Command::new(&opts.bin);
-        env(&mut boot);
-        boot.args([
-            "bootstrap",
-            "--namespace",
-            "bench",
-            "--application",
-            "bench",
-            "--queue",
-            "results",
-            "--event-access",
-            "--publish-access",
-        ]);
-        let out = boot
-            .output()
-            .await
-            .context("running orbit-events bootstrap")?;
-        if !out.status.success() {
-            bail!("bootstrap failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        #[derive(Deserialize)]
-        struct Boot {
-            token: String,
-            queue_id: String,
-        }
-        let boot: Boot = serde_json::from_slice(&out.stdout).context("bootstrap output")?;
-        if opts.preload > 0 {
-            preload(&db_url, &boot.queue_id, opts.preload).await?;
-        }
+        let boot = match template {
+            Some((boot, _)) => boot,
+            None => bootstrap(&opts.bin, &db_url).await?,
+        };
 
         let log = std::fs::File::create(dir.path().join("server.log"))?;
         let mut serve = tokio::process::Command::new(&opts.bin);
@@ -155,7 +154,8 @@ impl Node {
             token,
             bearer,
             queue_id: boot.queue_id,
-            dir,
+            _dir: dir,
+            sqlite_dir,
             database,
             db_url,
         })
@@ -171,7 +171,9 @@ impl Node {
         let client = self.client()?;
         let mut ids = Vec::with_capacity(n);
         for i in 0..n {
-            let mut req = CreateSubscription::new(&format!("bench-{i}"), &self.queue_id);
+            // Runs on a prefilled log share its database: names are unique.
+            let name = format!("bench-{}-{i}", random_suffix());
+            let mut req = CreateSubscription::new(&name, &self.queue_id);
             req.max_pending = Some(1000);
             let created = client
                 .create_subscription(&IdempotencyKey::random(), &req)
@@ -183,9 +185,9 @@ impl Node {
 
     /// Bytes on disk of the node's database.
     pub async fn database_bytes(&self) -> Result<u64> {
-        match &self.database {
-            None => Ok(dir_bytes(self.dir.path()) - log_bytes(self.dir.path())),
-            Some(_) => {
+        match &self.sqlite_dir {
+            Some(folder) => Ok(dir_bytes(folder).saturating_sub(log_bytes(folder))),
+            None => {
                 let mut conn = sqlx::PgConnection::connect(&self.db_url).await?;
                 let (size,): (i64,) = sqlx::query_as("SELECT pg_database_size(current_database())")
                     .fetch_one(&mut conn)
@@ -241,27 +243,161 @@ pub fn with_database(server: &str, name: &str) -> Result<String> {
     Ok(url)
 }
 
-/// Writes `n` entries with sequences 1..=n straight into the log (SQL, in
-/// chunks of a million) and sets the queue's head to n.
+/// The bootstrap's answer: a token and the queue it may publish to.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Boot {
+    token: String,
+    queue_id: String,
+}
+
+fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite://{}/orbit.db?mode=rwc", dir.display())
+}
+
+/// Runs `orbit-events bootstrap` (which also applies the migrations)
+/// against `db_url`.
+async fn bootstrap(bin: &Path, db_url: &str) -> Result<Boot> {
+    let out = tokio::process::Command::new(bin)
+        .env("ORBIT_EVENTS__DATABASE__URL", db_url)
+        .env("RUST_LOG", "warn")
+        .args([
+            "bootstrap",
+            "--namespace",
+            "bench",
+            "--application",
+            "bench",
+            "--queue",
+            "results",
+            "--event-access",
+            "--publish-access",
+        ])
+        .output()
+        .await
+        .context("running orbit-events bootstrap")?;
+    if !out.status.success() {
+        bail!("bootstrap failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    serde_json::from_slice(&out.stdout).context("bootstrap output")
+}
+
+/// Where a prefilled database lives.
+#[derive(Debug, Clone)]
+pub enum TemplateSource {
+    /// The SQLite database's folder.
+    Sqlite(PathBuf),
+    /// The PostgreSQL database's name.
+    Postgres(String),
+}
+
+/// A bootstrapped database whose log was prefilled once (`--preload`) and
+/// which every run of the target uses in turn (a fresh node process and
+/// fresh subscriptions from the head each time; each run adds its own N
+/// entries to the log): a 10-million-entry log is written once, and no
+/// copy of it needs the disk twice.
+#[derive(Debug)]
+pub struct Template {
+    boot: Boot,
+    source: TemplateSource,
+    /// Keeps the SQLite template's folder until the template is dropped.
+    _dir: Option<tempfile::TempDir>,
+    server: Option<String>,
+}
+
+/// Shared by the runs of one target; filled by the first run.
+pub type TemplateSlot = Arc<tokio::sync::Mutex<Option<Template>>>;
+
+impl Template {
+    async fn create(opts: &NodeOptions) -> Result<Template> {
+        match &opts.backend {
+            Backend::Sqlite => {
+                let dir = tempfile::Builder::new()
+                    .prefix("orbit-bench-template-")
+                    .tempdir_in(&opts.scratch)?;
+                let url = sqlite_url(dir.path());
+                let boot = bootstrap(&opts.bin, &url).await?;
+                preload(&url, &boot.queue_id, opts.preload).await?;
+                Ok(Template {
+                    boot,
+                    source: TemplateSource::Sqlite(dir.path().to_owned()),
+                    _dir: Some(dir),
+                    server: None,
+                })
+            }
+            Backend::Postgres(server) => {
+                let name = format!("orbit_bench_template_{}", random_suffix());
+                let mut admin = sqlx::PgConnection::connect(server).await?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut admin)
+                    .await?;
+                let url = with_database(server, &name)?;
+                let boot = bootstrap(&opts.bin, &url).await?;
+                preload(&url, &boot.queue_id, opts.preload).await?;
+                Ok(Template {
+                    boot,
+                    source: TemplateSource::Postgres(name),
+                    _dir: None,
+                    server: Some(server.clone()),
+                })
+            }
+        }
+    }
+
+    /// Removes the template (its SQLite folder, or its PostgreSQL database).
+    pub async fn remove(self) -> Result<()> {
+        if let (Some(server), TemplateSource::Postgres(name)) = (&self.server, &self.source) {
+            let mut admin = sqlx::PgConnection::connect(server).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut admin)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Benchmark setup only, never a way to load data into a real node: writes
+/// `n` entries with sequences 1..=n straight into the log's table, one
+/// set-based INSERT per million (a recursive CTE on SQLite,
+/// `generate_series` on PostgreSQL), then sets the queue's counter row
+/// (`head_sequence`) to n, so the journal's invariants hold: sequences
+/// 1..=head without gaps, commit order = sequence order (one writer, nothing
+/// else running), `retention_floor` 0, no deliveries. Event and task ids
+/// are random 32-hex ids like the node's own, so the primary-key index
+/// grows as it does in production (sequential ids would all sort before the
+/// node's random ones and leave the part of the index the node writes to
+/// small). Entries are `task.succeeded` with a valid snapshot, appended
+/// "now": retention leaves them alone during a run.
 async fn preload(db_url: &str, queue_id: &str, n: u64) -> Result<()> {
     const CHUNK: u64 = 1_000_000;
     let t = now_us() as i64;
     let started = Instant::now();
+    let progress = |last: u64| {
+        eprintln!(
+            "preload: {last} of {n} entries after {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    };
     if db_url.starts_with("sqlite:") {
         let mut conn = sqlx::SqliteConnection::connect(db_url).await?;
+        // A large page cache for the random primary-key inserts.
+        sqlx::raw_sql("PRAGMA cache_size = -1048576")
+            .execute(&mut conn)
+            .await?;
         let mut first = 1;
         while first <= n {
             let last = Ord::min(first + CHUNK - 1, n);
             sqlx::query(
-                "WITH RECURSIVE s(n) AS (SELECT ?1 UNION ALL SELECT n + 1 FROM s WHERE n < ?2)
+                "WITH RECURSIVE s(n) AS (SELECT ?1 UNION ALL SELECT n + 1 FROM s WHERE n < ?2),
+                 e AS MATERIALIZED (SELECT n, lower(hex(randomblob(16))) AS task FROM s)
                  INSERT INTO result_events (id, queue_id, sequence, type, aggregate_kind,
                    aggregate_id, aggregate_revision, occurred_at, details, snapshot,
                    appended_at, created_at)
-                 SELECT printf('%032x', n), ?3, n, 'task.succeeded', 'task', printf('%032x', n),
+                 SELECT lower(hex(randomblob(16))), ?3, n, 'task.succeeded', 'task', task,
                    '1', ?4, '{}',
-                   '{\"schema_version\":1,\"task_id\":\"' || printf('%032x', n) ||
+                   '{\"schema_version\":1,\"task_id\":\"' || task ||
                    '\",\"queue_id\":\"' || ?3 || '\",\"state\":\"SUCCEEDED\",\"revision\":\"1\",\"effect_uncertain\":false}',
-                   ?4, ?4 FROM s",
+                   ?4, ?4 FROM e",
             )
             .bind(first as i64)
             .bind(last as i64)
@@ -269,6 +405,7 @@ async fn preload(db_url: &str, queue_id: &str, n: u64) -> Result<()> {
             .bind(t)
             .execute(&mut conn)
             .await?;
+            progress(last);
             first = last + 1;
         }
         sqlx::query("UPDATE queues SET head_sequence = ?1 WHERE id = ?2")
@@ -284,15 +421,18 @@ async fn preload(db_url: &str, queue_id: &str, n: u64) -> Result<()> {
         let mut first = 1;
         while first <= n {
             let last = Ord::min(first + CHUNK - 1, n);
+            // random() is volatile: the subquery yields one task id per row.
             sqlx::query(
                 "INSERT INTO result_events (id, queue_id, sequence, type, aggregate_kind,
                    aggregate_id, aggregate_revision, occurred_at, details, snapshot,
                    appended_at, created_at)
-                 SELECT lpad(to_hex(n), 32, '0'), $3, n, 'task.succeeded', 'task',
-                   lpad(to_hex(n), 32, '0'), '1', $4, '{}',
-                   '{\"schema_version\":1,\"task_id\":\"' || lpad(to_hex(n), 32, '0') ||
+                 SELECT md5(random()::text || n), $3, n, 'task.succeeded', 'task',
+                   task, '1', $4, '{}',
+                   '{\"schema_version\":1,\"task_id\":\"' || task ||
                    '\",\"queue_id\":\"' || $3 || '\",\"state\":\"SUCCEEDED\",\"revision\":\"1\",\"effect_uncertain\":false}',
-                   $4, $4 FROM generate_series($1::bigint, $2::bigint) AS n",
+                   $4, $4
+                 FROM (SELECT n, md5(random()::text || n) AS task
+                       FROM generate_series($1::bigint, $2::bigint) AS n) AS e",
             )
             .bind(first as i64)
             .bind(last as i64)
@@ -300,6 +440,7 @@ async fn preload(db_url: &str, queue_id: &str, n: u64) -> Result<()> {
             .bind(t)
             .execute(&mut conn)
             .await?;
+            progress(last);
             first = last + 1;
         }
         sqlx::query("UPDATE queues SET head_sequence = $1 WHERE id = $2")
@@ -522,8 +663,21 @@ async fn run_on(node: &Node, w: &Workload, label: &str) -> Result<RunResult> {
         queue_id: node.queue_id.clone(),
         filler: w.filler().into(),
     };
+    let cpu_before = cpu_ms(node.pid);
     let started = drive::start_publishing(w, publisher, tracker.clone());
     let finished = tracker.finished(w.timeout).await;
+    // The node's own CPU time per acknowledged delivery hardly depends on
+    // what else runs on the machine (unlike deliveries/s); on SQLite it
+    // includes the database work. On stderr, next to the run's line.
+    if let (Some(a), Some(b)) = (cpu_before, cpu_ms(node.pid)) {
+        let acked = tracker.count().max(1) as f64;
+        eprintln!(
+            "{label}: node CPU {:.0} ms for {} acked deliveries = {:.1} ms per 1000",
+            b - a,
+            tracker.count(),
+            (b - a) / acked * 1000.0
+        );
+    }
     let mut all = Vec::new();
     for c in consumers {
         if let Ok(Ok(s)) = c.await {
@@ -544,6 +698,18 @@ async fn run_on(node: &Node, w: &Workload, label: &str) -> Result<RunResult> {
         },
         db_bytes: None,
     })
+}
+
+/// User + system CPU time of process `pid` so far, in milliseconds
+/// (`/proc/PID/stat`, clock ticks of 10 ms as on every Linux this runs on).
+fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start at 3.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) * 10.0)
 }
 
 /// RSS of a node with 0 and then `n` idle bound sessions (after a warm-up

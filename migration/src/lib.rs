@@ -6,6 +6,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261130_000001_initial;
+mod m20261130_000065_hot_path_indexes;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -13,6 +14,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261130_000001_initial::Migration)]
+        vec![
+            Box::new(m20261130_000001_initial::Migration),
+            Box::new(m20261130_000065_hot_path_indexes::Migration),
+        ]
     }
 }

@@ -58,6 +58,12 @@ pub async fn purge_events(
 
 /// One transaction deleting at most [`BATCH`] ACKED deliveries acknowledged
 /// before `cutoff`. Returns how many.
+///
+/// The delete names its rows by id only: ACKED is final, so the subquery's
+/// rows cannot leave that state before the delete reaches them, and a
+/// repeated `state = 'ACKED'` on the outer statement made SQLite's planner
+/// walk every ACKED row through `(state, acknowledged_at)` instead of
+/// looking the batch up by primary key (decision 0065).
 pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<u64, DbErr> {
     let due = delivery::Entity::find()
         .select_only()
@@ -68,7 +74,6 @@ pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<
     let txn = db.begin_write().await?;
     let n = delivery::Entity::delete_many()
         .filter(delivery::Column::Id.in_subquery(due.into_query()))
-        .filter(delivery::Column::State.eq(DeliveryState::Acked.as_str()))
         .exec(&txn)
         .await?
         .rows_affected;

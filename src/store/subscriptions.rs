@@ -4,7 +4,7 @@
 use entity::{namespace, queue, subscription};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait,
-    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set, sea_query::Expr,
+    ExprTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set, sea_query::Expr,
 };
 use serde::Serialize;
 
@@ -230,16 +230,22 @@ pub struct Page<T> {
     pub more: bool,
 }
 
-/// Rows strictly after `after` in `created_at DESC, id DESC` order.
+/// Rows strictly after `after` in `created_at DESC, id DESC` order, as
+/// the row comparison `(created_at, id) < (…, …)`: both planners make it
+/// part of the index range on `(…, created_at DESC, id DESC)`, so a later
+/// page starts where the previous one ended instead of walking every newer
+/// row (the equivalent `created_at < … OR (created_at = … AND id < …)` is
+/// only a filter on PostgreSQL; decision 0065).
 pub(crate) fn after_position<C: ColumnTrait>(
     created_at: C,
     id: C,
     after: &ListPosition,
 ) -> Condition {
-    Condition::any().add(created_at.lt(after.created_at)).add(
-        Condition::all()
-            .add(created_at.eq(after.created_at))
-            .add(id.lt(after.id.as_str())),
+    Condition::all().add(
+        Expr::tuple([Expr::col(created_at), Expr::col(id)]).lt(Expr::tuple([
+            Expr::val(after.created_at),
+            Expr::val(after.id.as_str()),
+        ])),
     )
 }
 

@@ -5,6 +5,7 @@
 mod commit_order;
 mod group_commit;
 mod helpers;
+mod history;
 mod http_common;
 mod http_deliveries;
 mod http_guide;
