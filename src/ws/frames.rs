@@ -353,9 +353,6 @@ mod tests {
                 r#"{{"protocol_version":"1","type":"events.ping","message_id":"{MID}","reply_to":"{MID}"}}"#
             ),
             format!(
-                r#"{{"protocol_version":"1","type":"events.hello","message_id":"{MID}","session_id":"{MID}","body":{{}}}}"#
-            ),
-            format!(
                 r#"{{"protocol_version":"1","type":"events.ping","message_id":"{MID}","body":{{"a":1,"a":2}}}}"#
             ),
             format!(r#"["1","events.ping","{MID}",null,null,null,{{}}]"#),
