@@ -30,7 +30,7 @@ const CHANNEL: usize = 4096;
 
 struct Pending {
     request: AckRequest,
-    reply: oneshot::Sender<Result<AckOutcome, String>>,
+    reply: oneshot::Sender<Result<AckOutcome, DbErr>>,
 }
 
 /// Handle of the node's ACK batcher (cheap to clone).
@@ -57,11 +57,9 @@ impl AckBatcher {
             .send(Pending { request, reply })
             .await
             .map_err(|_| DbErr::Custom("the ACK batcher has stopped".to_owned()))?;
-        match answer.await {
-            Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(message)) => Err(DbErr::Custom(message)),
-            Err(_) => Err(DbErr::Custom("the ACK batcher has stopped".to_owned())),
-        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(DbErr::Custom("the ACK batcher has stopped".to_owned())))
     }
 }
 
@@ -95,7 +93,7 @@ async fn run(db: Database, mut rx: mpsc::Receiver<Pending>) {
             let outcomes = acknowledge_each(&db, &requests).await;
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A connection that went away meanwhile no longer waits.
-                let _ = reply.send(outcome.map_err(|e| e.to_string()));
+                let _ = reply.send(outcome);
             }
             drop(slot);
         });
