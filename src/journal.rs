@@ -82,47 +82,96 @@ pub async fn append<C: ConnectionTrait>(
     results: &[NewResult],
     now: Timestamp,
 ) -> Result<Option<Vec<(EventId, i64)>>, DbErr> {
-    if results.is_empty() {
-        return Ok(Some(Vec::new()));
-    }
-    let n = i64::try_from(results.len()).map_err(|e| DbErr::Custom(e.to_string()))?;
-    let updated = queue::Entity::update_many()
-        .col_expr(
-            queue::Column::HeadSequence,
-            Expr::col(queue::Column::HeadSequence).add(n),
-        )
-        .filter(queue::Column::Id.eq(queue_id.as_str()))
-        .exec_with_returning(conn)
-        .await?;
-    let Some(row) = updated.into_iter().next() else {
-        return Ok(None);
-    };
-    let first = row.head_sequence - n + 1;
-    let mut out = Vec::with_capacity(results.len());
-    let models = results.iter().enumerate().map(|(i, r)| {
-        let id = EventId::generate();
-        let sequence = first + i as i64;
-        out.push((id.clone(), sequence));
-        result_event::ActiveModel {
-            id: sea_orm::Set(id.into_string()),
-            queue_id: sea_orm::Set(queue_id.as_str().to_owned()),
-            sequence: sea_orm::Set(sequence),
-            event_type: sea_orm::Set(r.result_type.as_str().to_owned()),
-            aggregate_kind: sea_orm::Set("task".to_owned()),
-            aggregate_id: sea_orm::Set(r.aggregate_id.clone()),
-            aggregate_revision: sea_orm::Set(r.aggregate_revision.clone()),
-            occurred_at: sea_orm::Set(r.occurred_at.micros()),
-            details: sea_orm::Set(r.details.clone()),
-            snapshot: sea_orm::Set(r.snapshot.clone()),
-            appended_at: sea_orm::Set(now.micros()),
-            created_at: sea_orm::Set(now.micros()),
+    let mut appended = append_many(conn, &[(queue_id, results)], now).await?;
+    Ok(appended.pop().flatten())
+}
+
+/// Rows per `INSERT` of [`append_many`]: 12 parameters each, well under
+/// SQLite's 32,766 and PostgreSQL's 65,535 parameters per statement.
+const INSERT_CHUNK: usize = 1_000;
+
+/// [`append`] for several appends at once, inside the caller's transaction
+/// (group commit of publishes, decision 0063): one counter-row `UPDATE`
+/// per distinct queue, taken in queue-id order (two transactions appending
+/// to the same queues lock them in the same order, so they never
+/// deadlock), and one multi-row `INSERT` for all entries. Sequences follow
+/// the order of `appends`: an earlier append to a queue gets the lower
+/// sequences. Returns one item per append, in order: its events' ids and
+/// sequences, or `None` when its queue does not exist (nothing appended
+/// for it).
+pub async fn append_many<C: ConnectionTrait>(
+    conn: &C,
+    appends: &[(&QueueId, &[NewResult])],
+    now: Timestamp,
+) -> Result<Vec<Option<Vec<(EventId, i64)>>>, DbErr> {
+    let mut totals: Vec<(&str, i64)> = Vec::new();
+    for (queue_id, results) in appends {
+        let n = i64::try_from(results.len()).map_err(|e| DbErr::Custom(e.to_string()))?;
+        match totals.iter_mut().find(|(q, _)| *q == queue_id.as_str()) {
+            Some((_, total)) => *total += n,
+            None => totals.push((queue_id.as_str(), n)),
         }
-    });
-    let models: Vec<_> = models.collect();
-    result_event::Entity::insert_many(models)
-        .exec_without_returning(conn)
-        .await?;
-    Ok(Some(out))
+    }
+    totals.sort_unstable();
+    // The next free sequence of each existing queue.
+    let mut next: HashMap<&str, i64> = HashMap::with_capacity(totals.len());
+    for (queue_id, total) in totals {
+        if total == 0 {
+            continue;
+        }
+        let updated = queue::Entity::update_many()
+            .col_expr(
+                queue::Column::HeadSequence,
+                Expr::col(queue::Column::HeadSequence).add(total),
+            )
+            .filter(queue::Column::Id.eq(queue_id))
+            .exec_with_returning(conn)
+            .await?;
+        if let Some(row) = updated.into_iter().next() {
+            next.insert(queue_id, row.head_sequence - total + 1);
+        }
+    }
+    let mut out = Vec::with_capacity(appends.len());
+    let mut models = Vec::new();
+    for (queue_id, results) in appends {
+        if results.is_empty() {
+            out.push(Some(Vec::new()));
+            continue;
+        }
+        let Some(sequence) = next.get_mut(queue_id.as_str()) else {
+            out.push(None);
+            continue;
+        };
+        let mut events = Vec::with_capacity(results.len());
+        for r in results.iter() {
+            let id = EventId::generate();
+            events.push((id.clone(), *sequence));
+            models.push(result_event::ActiveModel {
+                id: sea_orm::Set(id.into_string()),
+                queue_id: sea_orm::Set(queue_id.as_str().to_owned()),
+                sequence: sea_orm::Set(*sequence),
+                event_type: sea_orm::Set(r.result_type.as_str().to_owned()),
+                aggregate_kind: sea_orm::Set("task".to_owned()),
+                aggregate_id: sea_orm::Set(r.aggregate_id.clone()),
+                aggregate_revision: sea_orm::Set(r.aggregate_revision.clone()),
+                occurred_at: sea_orm::Set(r.occurred_at.micros()),
+                details: sea_orm::Set(r.details.clone()),
+                snapshot: sea_orm::Set(r.snapshot.clone()),
+                appended_at: sea_orm::Set(now.micros()),
+                created_at: sea_orm::Set(now.micros()),
+            });
+            *sequence += 1;
+        }
+        out.push(Some(events));
+    }
+    let mut models = models.into_iter().peekable();
+    while models.peek().is_some() {
+        let chunk: Vec<_> = models.by_ref().take(INSERT_CHUNK).collect();
+        result_event::Entity::insert_many(chunk)
+            .exec_without_returning(conn)
+            .await?;
+    }
+    Ok(out)
 }
 
 /// Wakes the scanners of every node for `queue_id` (PostgreSQL `NOTIFY`;

@@ -32,7 +32,7 @@ use crate::{
         sweeper::SweeperActor,
     },
     domain::{NodeId, now},
-    http,
+    http::{self, results::PublishBatcher},
     metrics::Metrics,
     state::AppState,
     store::{Database, retention, sessions},
@@ -134,41 +134,47 @@ impl Application {
         let listen_url = settings.database.url.clone();
         let delivery_db = db.clone();
         let ack_db = db.clone();
+        let publish_db = db.clone();
+        let idempotency_ttl =
+            std::time::Duration::from_secs(settings.retention.idempotency_max_age_s);
         let delivery_node = node_id.clone();
         let delivery_metrics = metrics.clone();
-        let (delivery, (pool, scanner, sweeper, acks)) = DeliveryThread::start(move || {
-            let (db, node_id, metrics) = (delivery_db, delivery_node, delivery_metrics);
-            let pool = LeasePoolActor::new(db.clone(), pool_limits, lease, metrics.clone()).start();
-            // Several nodes share one database only on PostgreSQL: there,
-            // local wakes are NOTIFYed to the other nodes and theirs are
-            // LISTENed for.
-            let shared = db.backend() == DbBackend::Postgres;
-            let announcer = shared.then(|| Announcer::start(db.clone(), node_id.clone()));
-            let scanner = ScannerActor::new(
-                db.clone(),
-                pool.clone(),
-                per_round,
-                scan_interval,
-                announcer,
-                metrics.clone(),
-            )
-            .start();
-            let sweeper = SweeperActor::new(
-                db,
-                node_id.clone(),
-                scanner.clone(),
-                metrics,
-                sweep_interval,
-                retention_settings,
-            )
-            .start();
-            if shared {
-                listener::start_listener(listen_url, node_id, scanner.clone());
-            }
-            let acks = AckBatcher::start(ack_db);
-            (pool, scanner, sweeper, acks)
-        })
-        .map_err(StartupError::Thread)?;
+        let (delivery, (pool, scanner, sweeper, acks, publishes)) =
+            DeliveryThread::start(move || {
+                let (db, node_id, metrics) = (delivery_db, delivery_node, delivery_metrics);
+                let pool =
+                    LeasePoolActor::new(db.clone(), pool_limits, lease, metrics.clone()).start();
+                // Several nodes share one database only on PostgreSQL: there,
+                // local wakes are NOTIFYed to the other nodes and theirs are
+                // LISTENed for.
+                let shared = db.backend() == DbBackend::Postgres;
+                let announcer = shared.then(|| Announcer::start(db.clone(), node_id.clone()));
+                let scanner = ScannerActor::new(
+                    db.clone(),
+                    pool.clone(),
+                    per_round,
+                    scan_interval,
+                    announcer,
+                    metrics.clone(),
+                )
+                .start();
+                let sweeper = SweeperActor::new(
+                    db,
+                    node_id.clone(),
+                    scanner.clone(),
+                    metrics,
+                    sweep_interval,
+                    retention_settings,
+                )
+                .start();
+                if shared {
+                    listener::start_listener(listen_url, node_id, scanner.clone());
+                }
+                let acks = AckBatcher::start(ack_db);
+                let publishes = PublishBatcher::start(publish_db, idempotency_ttl);
+                (pool, scanner, sweeper, acks, publishes)
+            })
+            .map_err(StartupError::Thread)?;
 
         let state = AppState {
             db,
@@ -177,6 +183,7 @@ impl Application {
             pool,
             sweeper,
             acks,
+            publishes,
             metrics,
             node_id,
             shutdown: Shutdown::new(),

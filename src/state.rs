@@ -10,6 +10,7 @@ use crate::{
         acks::AckBatcher, pool::LeasePoolActor, scanner::ScannerActor, sweeper::SweeperActor,
     },
     domain::NodeId,
+    http::results::PublishBatcher,
     metrics::Metrics,
     startup::Shutdown,
     store::Database,
@@ -25,6 +26,7 @@ pub struct AppState {
     pub sweeper: Addr<SweeperActor>,
     /// Group commit of ACKs (one batch transaction at a time).
     pub acks: AckBatcher,
+    pub publishes: PublishBatcher,
     /// This node's metrics (its own registry, not a process-global one).
     pub metrics: Arc<Metrics>,
     pub node_id: NodeId,

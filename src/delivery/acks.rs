@@ -9,14 +9,14 @@
 //! alone, an ACK goes through at once, as before. The reply to an ACK still
 //! leaves only after its commit (delivery-model.md §6).
 
-use std::sync::Arc;
-
 use sea_orm::{DbBackend, DbErr};
-use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::store::{
-    self, Database,
-    ack::{AckOutcome, AckRequest},
+use crate::{
+    delivery::group_commit::{BatchLimits, Batcher},
+    store::{
+        self, Database,
+        ack::{AckOutcome, AckRequest},
+    },
 };
 
 /// ACKs per transaction at most (a bound on the statement size: the batch
@@ -28,15 +28,10 @@ pub const MAX_ACK_BATCH: usize = 512;
 /// beyond it a connection waits (backpressure), nothing is dropped.
 const CHANNEL: usize = 4096;
 
-struct Pending {
-    request: AckRequest,
-    reply: oneshot::Sender<Result<AckOutcome, DbErr>>,
-}
-
 /// Handle of the node's ACK batcher (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct AckBatcher {
-    tx: mpsc::Sender<Pending>,
+    batcher: Batcher<AckRequest, Result<AckOutcome, DbErr>>,
 }
 
 impl AckBatcher {
@@ -44,59 +39,37 @@ impl AckBatcher {
     /// local task set; the node calls it on its delivery thread, so the
     /// batcher stops with the delivery actors.
     pub fn start(db: Database) -> AckBatcher {
-        let (tx, rx) = mpsc::channel(CHANNEL);
-        actix::spawn(run(db, rx));
-        AckBatcher { tx }
+        let limits = BatchLimits {
+            slots: batches_in_flight(&db),
+            max_batch: MAX_ACK_BATCH,
+            channel: CHANNEL,
+        };
+        let batcher = Batcher::start(limits, move |requests: Vec<AckRequest>| {
+            let db = db.clone();
+            async move { acknowledge_each(&db, &requests).await }
+        });
+        AckBatcher { batcher }
     }
 
     /// Acknowledges one delivery; returns after the transaction holding
     /// this ACK committed (or failed: `Err`, nothing of it was written).
     pub async fn acknowledge(&self, request: AckRequest) -> Result<AckOutcome, DbErr> {
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Pending { request, reply })
+        self.batcher
+            .submit(request)
             .await
-            .map_err(|_| DbErr::Custom("the ACK batcher has stopped".to_owned()))?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err(DbErr::Custom("the ACK batcher has stopped".to_owned())))
+            .unwrap_or_else(|| Err(DbErr::Custom("the ACK batcher has stopped".to_owned())))
     }
 }
 
-/// ACK transactions in flight at once: SQLite has one writer, so a second
-/// batch would only wait for it; on PostgreSQL a few batches commit side
-/// by side, so an ACK waits for a free slot rather than for the batch
-/// ahead of it (rows are locked in id order: batches never deadlock).
-fn batches_in_flight(db: &Database) -> usize {
+/// Batches in flight at once (ACKs here, idempotent writes in
+/// [`crate::http::write`]): SQLite has one writer, so a second batch would
+/// only wait for it; on PostgreSQL a few batches commit side by side, so a
+/// request waits for a free slot rather than for the batch ahead of it
+/// (ACK rows are locked in id order: batches never deadlock).
+pub fn batches_in_flight(db: &Database) -> usize {
     match db.backend() {
         DbBackend::Postgres => 4,
         _ => 1,
-    }
-}
-
-async fn run(db: Database, mut rx: mpsc::Receiver<Pending>) {
-    let slots = Arc::new(Semaphore::new(batches_in_flight(&db)));
-    loop {
-        // A slot first: while every slot commits, ACKs gather in the
-        // channel and become the next batch.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let mut batch = Vec::with_capacity(MAX_ACK_BATCH);
-        if rx.recv_many(&mut batch, MAX_ACK_BATCH).await == 0 {
-            return;
-        }
-        let db = db.clone();
-        actix::spawn(async move {
-            let (requests, replies): (Vec<AckRequest>, Vec<_>) =
-                batch.into_iter().map(|p| (p.request, p.reply)).unzip();
-            let outcomes = acknowledge_each(&db, &requests).await;
-            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                // A connection that went away meanwhile no longer waits.
-                let _ = reply.send(outcome);
-            }
-            drop(slot);
-        });
     }
 }
 

@@ -4,6 +4,7 @@
 //! nodes (spec: architecture.md §1, delivery-model.md §5–§8).
 
 pub mod acks;
+pub mod group_commit;
 pub mod listener;
 pub mod pool;
 pub mod scanner;

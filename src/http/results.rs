@@ -8,20 +8,28 @@ use utoipa::ToSchema;
 
 use crate::{
     auth,
-    delivery::scanner::JournalAppended,
-    domain::{Permission, QueueId, ResultType, Timestamp, U64Str, is_id, now},
+    delivery::{
+        acks::batches_in_flight,
+        group_commit::{BatchLimits, Batcher},
+        scanner::JournalAppended,
+    },
+    domain::{Permission, QueueId, ResultType, Timestamp, U64Str, is_id},
     error::{Error, Result},
     http::{
+        envelope::respond,
         openapi::{
             Envelope, ErrorEnvelope, Id, JsonObject, ResultTypeName, SnapshotState, Time,
             Uint64String,
         },
         request::{idempotency_key, json_body, no_query},
-        write::{idempotent_write, to_data},
     },
-    journal::{self, NewResult},
+    journal::NewResult,
     state::AppState,
-    store::idempotency::WriteIdentity,
+    store::{
+        Database,
+        idempotency::WriteIdentity,
+        publish::{self, PublishRequest, Published},
+    },
     strict_json::{self, non_null},
 };
 
@@ -262,30 +270,75 @@ pub async fn publish(
         queue_id.as_str(),
         &normalized,
     )?;
-    let q = queue_id.clone();
     let appended = results.len() as u64;
-    let written = idempotent_write(&req, &state, identity, StatusCode::CREATED, |txn| {
-        Box::pin(async move {
-            let appended = journal::append(txn, &q, &results, now())
-                .await?
-                .ok_or_else(|| Error::not_found("queue not found"))?;
-            let events = appended
-                .iter()
-                .map(|(id, seq)| AppendedEvent {
-                    id: id.to_string(),
-                    sequence: seq.to_string(),
-                })
-                .collect();
-            to_data(&PublishResult {
-                events,
-                deduplicated: false,
-            })
-        })
-    })
-    .await?;
-    if written.applied {
-        state.metrics.appended(&queue_id, appended);
-        state.scanner.do_send(JournalAppended { queue_id });
+    let request = PublishRequest {
+        identity,
+        queue_id: queue_id.clone(),
+        results,
+    };
+    let outcome = state
+        .publishes
+        .batcher
+        .submit(request)
+        .await
+        .unwrap_or_else(|| Err(Error::unavailable("the node is shutting down")))?;
+    match outcome {
+        Published::Fresh(data) => {
+            state.metrics.appended(&queue_id, appended);
+            state.scanner.do_send(JournalAppended { queue_id });
+            Ok(respond(&req, StatusCode::CREATED, data))
+        }
+        Published::Replay(data) => Ok(respond(&req, StatusCode::OK, data)),
     }
-    Ok(written.response)
+}
+
+/// Publish requests per transaction at most.
+const MAX_PUBLISH_BATCH: usize = 128;
+
+/// Publish requests waiting beyond the running batches; past it a request
+/// waits for room (backpressure).
+const PUBLISH_CHANNEL: usize = 1024;
+
+/// Group commit of publishes (decision 0063): requests that arrive while a
+/// publish transaction commits share the next one
+/// ([`publish::publish_each`]); each answer leaves after the commit that
+/// holds its events. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct PublishBatcher {
+    batcher: Batcher<PublishRequest, Result<Published>>,
+}
+
+impl PublishBatcher {
+    /// Starts the batcher on the calling thread's local task set (the
+    /// node's delivery thread, like the ACK batcher); idempotency records
+    /// of fresh publishes expire after `idempotency_ttl`.
+    pub fn start(db: Database, idempotency_ttl: std::time::Duration) -> PublishBatcher {
+        let limits = BatchLimits {
+            slots: batches_in_flight(&db),
+            max_batch: MAX_PUBLISH_BATCH,
+            channel: PUBLISH_CHANNEL,
+        };
+        let batcher = Batcher::start(limits, move |requests: Vec<PublishRequest>| {
+            let db = db.clone();
+            async move { publish::publish_each(&db, &requests, idempotency_ttl, render_published).await }
+        });
+        PublishBatcher { batcher }
+    }
+}
+
+/// The response `data` of a fresh publish: `{events: [{id, sequence}],
+/// deduplicated: false}`.
+fn render_published(events: &[(crate::domain::EventId, i64)]) -> Result<serde_json::Value> {
+    let events = events
+        .iter()
+        .map(|(id, seq)| AppendedEvent {
+            id: id.to_string(),
+            sequence: seq.to_string(),
+        })
+        .collect();
+    serde_json::to_value(PublishResult {
+        events,
+        deduplicated: false,
+    })
+    .map_err(Error::internal)
 }

@@ -10,8 +10,10 @@
 //! back, so only successes are recorded.
 
 use entity::idempotency_record;
+use std::collections::HashMap;
+
 use sea_orm::{
-    ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
     sea_query::{Expr, OnConflict},
 };
 use serde_json::Value;
@@ -119,6 +121,14 @@ pub async fn begin(txn: &DatabaseTransaction, id: &WriteIdentity, now: Timestamp
         .one(txn)
         .await?
         .ok_or_else(|| Error::internal("idempotency record vanished under its key"))?;
+    stored_answer(&record, id).map(Begin::Replay)
+}
+
+/// What a stored record answers to a request with its key (http-api.md
+/// §2): the same operation, target and normalized request → the stored
+/// response `data` with `deduplicated: true`; anything else, or a record
+/// whose write has not finished, → 409 `IDEMPOTENCY_CONFLICT`.
+pub fn stored_answer(record: &idempotency_record::Model, id: &WriteIdentity) -> Result<Value> {
     let same = record.operation == id.operation
         && record.target == id.target
         && record.request_digest == id.request_digest;
@@ -132,7 +142,85 @@ pub async fn begin(txn: &DatabaseTransaction, id: &WriteIdentity, now: Timestamp
     if let Some(obj) = data.as_object_mut() {
         obj.insert("deduplicated".to_owned(), Value::Bool(true));
     }
-    Ok(Begin::Replay(data))
+    Ok(data)
+}
+
+fn under_keys<'a>(ids: impl IntoIterator<Item = &'a WriteIdentity>) -> Condition {
+    ids.into_iter().fold(Condition::any(), |any, id| {
+        any.add(
+            Condition::all()
+                .add(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
+                .add(idempotency_record::Column::Key.eq(id.key.as_str())),
+        )
+    })
+}
+
+/// The live records under the keys of `ids` (one statement; a batch of
+/// writes, decision 0063), after deleting those of them that expired at
+/// `now`. Keyed by `(credential id, key)`.
+pub async fn live_records<C: ConnectionTrait>(
+    conn: &C,
+    ids: &[&WriteIdentity],
+    now: Timestamp,
+) -> Result<HashMap<(String, String), idempotency_record::Model>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    idempotency_record::Entity::delete_many()
+        .filter(under_keys(ids.iter().copied()))
+        .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
+        .exec(conn)
+        .await?;
+    let records = idempotency_record::Entity::find()
+        .filter(under_keys(ids.iter().copied()))
+        .all(conn)
+        .await?;
+    Ok(records
+        .into_iter()
+        .map(|r| ((r.credential_id.clone(), r.key.clone()), r))
+        .collect())
+}
+
+/// Records finished writes in one statement: `(identity, HTTP status,
+/// response data)` each, created at `now`, expiring at `expires_at`.
+/// Returns how many were inserted: fewer than given means another
+/// transaction took one of the keys meanwhile (PostgreSQL), and the caller
+/// must not commit.
+pub async fn insert_finished<C: ConnectionTrait>(
+    conn: &C,
+    finished: &[(&WriteIdentity, u16, &Value)],
+    now: Timestamp,
+    expires_at: Timestamp,
+) -> Result<u64> {
+    if finished.is_empty() {
+        return Ok(0);
+    }
+    let models = finished
+        .iter()
+        .map(|(id, status, data)| idempotency_record::ActiveModel {
+            id: Set(random_hex_id()),
+            credential_id: Set(id.credential_id.as_str().to_owned()),
+            key: Set(id.key.as_str().to_owned()),
+            operation: Set(id.operation.to_owned()),
+            target: Set(id.target.clone()),
+            request_digest: Set(id.request_digest.clone()),
+            status: Set(i32::from(*status)),
+            response: Set(data.to_string()),
+            expires_at: Set(expires_at.micros()),
+            created_at: Set(now.micros()),
+        });
+    let inserted = idempotency_record::Entity::insert_many(models.collect::<Vec<_>>())
+        .on_conflict(
+            OnConflict::columns([
+                idempotency_record::Column::CredentialId,
+                idempotency_record::Column::Key,
+            ])
+            .do_nothing()
+            .to_owned(),
+        )
+        .exec_without_returning(conn)
+        .await?;
+    Ok(inserted)
 }
 
 /// Stores the outcome of a fresh write (status and response `data`) in the

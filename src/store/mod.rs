@@ -15,6 +15,7 @@ pub mod deliveries;
 pub mod idempotency;
 pub mod list_cursor;
 pub mod materialize;
+pub mod publish;
 pub mod retention;
 pub mod sessions;
 pub mod subscriptions;

@@ -273,3 +273,201 @@ async fn claims_of_sessions_of_one_subscription_waiting_together_share_one_trans
     );
     app.assert_invariants().await;
 }
+
+mod publishes {
+    //! Group commit of publishes (decision 0063): publish requests in one
+    //! transaction answer each request exactly as if it had come alone
+    //! (http-api.md §2 idempotency, §4 result ingest).
+
+    use std::time::Duration;
+
+    use orbit_events::{
+        domain::{CredentialId, EventId, QueueId, ResultType, now, random_hex_id},
+        journal::NewResult,
+        store::{
+            idempotency::{IdempotencyKey, WriteIdentity},
+            publish::{PublishRequest, Published, publish_each},
+        },
+    };
+    use serde_json::{Value, json};
+
+    use crate::helpers::*;
+
+    fn render(events: &[(EventId, i64)]) -> orbit_events::error::Result<Value> {
+        Ok(json!({
+            "sequences": events.iter().map(|(_, s)| *s).collect::<Vec<_>>(),
+            "deduplicated": false,
+        }))
+    }
+
+    fn request(cred: &Cred, key: &str, queue_id: &str, body: &str, n: usize) -> PublishRequest {
+        let results = (0..n)
+            .map(|i| NewResult {
+                result_type: ResultType::Succeeded,
+                aggregate_id: format!("task-{body}-{i}"),
+                aggregate_revision: "1".to_owned(),
+                occurred_at: now(),
+                details: r#"{"state":"SUCCEEDED"}"#.to_owned(),
+                snapshot: r#"{"state":"SUCCEEDED"}"#.to_owned(),
+            })
+            .collect();
+        PublishRequest {
+            identity: WriteIdentity::new(
+                &CredentialId::parse(&cred.credential_id).unwrap(),
+                IdempotencyKey::parse(key).unwrap(),
+                "results.publish",
+                queue_id,
+                &json!({ "body": body, "n": n }),
+            )
+            .unwrap(),
+            queue_id: QueueId::parse(queue_id).unwrap(),
+            results,
+        }
+    }
+
+    fn sequences(outcome: &Published) -> Vec<i64> {
+        match outcome {
+            Published::Fresh(data) => serde_json::from_value(data["sequences"].clone()).unwrap(),
+            other => panic!("expected a fresh publish, got {other:?}"),
+        }
+    }
+
+    fn replayed(outcome: &Published) -> Value {
+        match outcome {
+            Published::Replay(data) => data.clone(),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(3600);
+
+    #[actix_web::test]
+    async fn a_publish_batch_answers_every_request_as_if_it_came_alone() {
+        let app = spawn_app().await;
+        let cred = app.bootstrap().await;
+        let q = cred.queue_id.clone();
+        let unknown_queue = "0".repeat(32);
+
+        let earlier = publish_each(&app.db, &[request(&cred, "k0", &q, "a", 1)], TTL, render).await;
+        assert_eq!(sequences(earlier[0].as_ref().unwrap()), vec![1]);
+
+        let batch = vec![
+            request(&cred, "k1", &q, "b", 2),             // fresh
+            request(&cred, "k0", &q, "a", 1),             // replay of the earlier request
+            request(&cred, "k0", &q, "other", 1),         // the key, another request
+            request(&cred, "k2", &unknown_queue, "c", 1), // unknown queue
+            request(&cred, "k1", &q, "b", 2),             // repeat of the first, same batch
+            request(&cred, "k1", &q, "other", 1),         // its key, another request
+            request(&cred, "k3", &q, "d", 1),             // fresh, after the first
+        ];
+        let out = publish_each(&app.db, &batch, TTL, render).await;
+        assert_eq!(out.len(), batch.len());
+
+        assert_eq!(sequences(out[0].as_ref().unwrap()), vec![2, 3]);
+        assert_eq!(
+            replayed(out[1].as_ref().unwrap()),
+            json!({ "sequences": [1], "deduplicated": true })
+        );
+        assert_eq!(
+            out[2].as_ref().unwrap_err().code().as_str(),
+            "IDEMPOTENCY_CONFLICT"
+        );
+        assert_eq!(out[3].as_ref().unwrap_err().code().as_str(), "NOT_FOUND");
+        assert_eq!(
+            replayed(out[4].as_ref().unwrap()),
+            json!({ "sequences": [2, 3], "deduplicated": true })
+        );
+        assert_eq!(
+            out[5].as_ref().unwrap_err().code().as_str(),
+            "IDEMPOTENCY_CONFLICT"
+        );
+        assert_eq!(sequences(out[6].as_ref().unwrap()), vec![4]);
+
+        // Nothing was written for the refused requests: four events in the
+        // log, the head at 4, no record under k2.
+        let events = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM result_events WHERE queue_id = '{q}'"
+            ))
+            .await;
+        assert_eq!(events, 4);
+        let head = app
+            .scalar(&format!(
+                "SELECT head_sequence FROM queues WHERE id = '{q}'"
+            ))
+            .await;
+        assert_eq!(head, 4);
+        let k2 = app
+            .scalar("SELECT COUNT(*) FROM idempotency_records WHERE key = 'k2'")
+            .await;
+        assert_eq!(k2, 0);
+        app.assert_invariants().await;
+    }
+
+    #[actix_web::test]
+    async fn concurrent_publishes_with_one_key_append_once_and_replay_for_the_others() {
+        let app = spawn_app().await;
+        let cred = app.bootstrap().await;
+        let path = format!("/v1/queues/{}/results", cred.queue_id);
+        let body = json!({ "results": [result(&cred.queue_id, "task.succeeded")] });
+        let key = random_hex_id();
+        let answers = futures_util::future::join_all(
+            (0..20).map(|_| app.post(&path, &cred.token, &key, &body)),
+        )
+        .await;
+        let fresh: Vec<_> = answers.iter().filter(|r| r.status == 201).collect();
+        assert_eq!(fresh.len(), 1, "{answers:#?}");
+        let events = &fresh[0].data()["events"];
+        for answer in &answers {
+            if answer.status != 201 {
+                assert_eq!(answer.status, 200, "{:#}", answer.body);
+                assert_eq!(answer.data()["deduplicated"], true);
+                assert_eq!(&answer.data()["events"], events);
+            }
+        }
+        let appended = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM result_events WHERE queue_id = '{}'",
+                cred.queue_id
+            ))
+            .await;
+        assert_eq!(appended, 1);
+        app.assert_invariants().await;
+    }
+
+    #[actix_web::test]
+    async fn concurrent_publishes_get_consecutive_sequences_in_their_batches() {
+        let app = spawn_app().await;
+        let cred = app.bootstrap().await;
+        let path = format!("/v1/queues/{}/results", cred.queue_id);
+        let answers = futures_util::future::join_all((0..40).map(|i| {
+            let n = 1 + i % 3;
+            let results: Vec<Value> = (0..n)
+                .map(|_| result(&cred.queue_id, "task.failed"))
+                .collect();
+            let body = json!({ "results": results });
+            let path = path.clone();
+            let app = &app;
+            let token = cred.token.clone();
+            async move { app.post(&path, &token, &random_hex_id(), &body).await }
+        }))
+        .await;
+        let mut all = Vec::new();
+        for answer in &answers {
+            assert_eq!(answer.status, 201, "{:#}", answer.body);
+            let seqs: Vec<u64> = answer.data()["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["sequence"].as_str().unwrap().parse().unwrap())
+                .collect();
+            // A request's results are appended together, in its order.
+            assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+            all.extend(seqs);
+        }
+        all.sort_unstable();
+        let expected: Vec<u64> = (1..=all.len() as u64).collect();
+        assert_eq!(all, expected, "no gap and no sequence twice");
+        app.assert_invariants().await;
+    }
+}

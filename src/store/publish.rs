@@ -1,0 +1,171 @@
+//! Publishing results (spec: http-api.md §2 and §4 `POST .../results`),
+//! several publish requests per transaction (group commit, decision 0063).
+
+use std::{collections::HashSet, time::Duration};
+
+use serde_json::Value;
+
+use crate::{
+    domain::{EventId, QueueId, now},
+    error::{Error, Result},
+    journal::{self, NewResult},
+    store::{
+        Database,
+        idempotency::{self, WriteIdentity},
+    },
+};
+
+/// One validated `POST /v1/queues/{queue_id}/results`, inside the
+/// credential's scope.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    pub identity: WriteIdentity,
+    pub queue_id: QueueId,
+    pub results: Vec<NewResult>,
+}
+
+/// How a publish request ended.
+#[derive(Debug, Clone)]
+pub enum Published {
+    /// Appended now: the response `data` rendered from its events' ids and
+    /// sequences (in request order), as stored in its idempotency record.
+    Fresh(Value),
+    /// A repeat of an earlier request with the same key: that request's
+    /// stored response `data` (with `deduplicated: true`).
+    Replay(Value),
+}
+
+/// Renders the response `data` of a fresh publish (stored in its
+/// idempotency record and sent to the client).
+pub type RenderPublished = fn(&[(EventId, i64)]) -> Result<Value>;
+
+/// Publishes each request as if alone, all in one write transaction;
+/// returns one outcome per request, in order, after the commit:
+/// - a key with a live record → its replay, or 409 `IDEMPOTENCY_CONFLICT`
+///   for a different request (nothing written for it);
+/// - an unknown queue → 404 `NOT_FOUND` (nothing written for it);
+/// - otherwise its results are appended ([`journal::append_many`]: in
+///   request order, one counter-row update per queue and one insert for
+///   all events) and its idempotency record (HTTP 201, `render`ed data,
+///   expiring after `ttl`) is written with the others in one insert.
+///
+/// A key that appears twice in the batch: the first request is decided
+/// here, the later ones by [`publish_each`], after the commit, as a repeat
+/// of it. `Ok(None)`: a concurrent transaction recorded one of the keys
+/// meanwhile (PostgreSQL: the insert waited for it), nothing was written,
+/// and a new attempt decides against that record. `Err` means the whole
+/// batch failed and nothing was written.
+pub async fn publish_batch(
+    db: &Database,
+    requests: &[PublishRequest],
+    ttl: Duration,
+    render: RenderPublished,
+) -> Result<Option<Vec<Option<Result<Published>>>>> {
+    let t = now();
+    let txn = db.begin_write().await?;
+    let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
+    let live = idempotency::live_records(&txn, &identities, t).await?;
+
+    let mut outcomes: Vec<Option<Result<Published>>> = vec![None; requests.len()];
+    let mut seen = HashSet::new();
+    let mut fresh = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        let id = &request.identity;
+        let key = (
+            id.credential_id.as_str().to_owned(),
+            id.key.as_str().to_owned(),
+        );
+        if let Some(record) = live.get(&key) {
+            outcomes[i] = Some(idempotency::stored_answer(record, id).map(Published::Replay));
+        } else if seen.insert(key) {
+            fresh.push(i);
+        }
+        // else: a repeat of an earlier request of this batch, left `None`.
+    }
+
+    let appends: Vec<(&QueueId, &[NewResult])> = fresh
+        .iter()
+        .map(|&i| (&requests[i].queue_id, requests[i].results.as_slice()))
+        .collect();
+    let appended = journal::append_many(&txn, &appends, t).await?;
+    let mut finished = Vec::with_capacity(fresh.len());
+    for (&i, events) in fresh.iter().zip(appended) {
+        match events {
+            Some(events) => {
+                let data = render(&events)?;
+                outcomes[i] = Some(Ok(Published::Fresh(data.clone())));
+                finished.push((i, data));
+            }
+            None => outcomes[i] = Some(Err(Error::not_found("queue not found"))),
+        }
+    }
+    let records: Vec<(&WriteIdentity, u16, &Value)> = finished
+        .iter()
+        .map(|(i, data)| (&requests[*i].identity, 201, data))
+        .collect();
+    let inserted = idempotency::insert_finished(&txn, &records, t, t.plus(ttl)).await?;
+    if inserted != records.len() as u64 {
+        txn.rollback().await?;
+        return Ok(None);
+    }
+    txn.commit().await?;
+    Ok(Some(outcomes))
+}
+
+/// One outcome per request, in order ([`publish_batch`], then the repeats
+/// of a key within the batch, each alone after the commit). If the batch
+/// fails or meets a key recorded concurrently, each request is tried again
+/// alone, so that one request the database rejects never fails the others
+/// that shared its transaction.
+pub async fn publish_each(
+    db: &Database,
+    requests: &[PublishRequest],
+    ttl: Duration,
+    render: RenderPublished,
+) -> Vec<Result<Published>> {
+    if let [request] = requests {
+        return vec![publish_alone(db, request, ttl, render).await];
+    }
+    let outcomes = match publish_batch(db, requests, ttl, render).await {
+        Ok(Some(outcomes)) => outcomes,
+        Ok(None) => vec![None; requests.len()],
+        Err(err) => {
+            tracing::warn!(error = %err.message(), publishes = requests.len(), "publish batch failed; publishing its requests one by one");
+            vec![None; requests.len()]
+        }
+    };
+    let mut out = Vec::with_capacity(requests.len());
+    for (request, outcome) in requests.iter().zip(outcomes) {
+        let outcome = match outcome {
+            Some(outcome) => outcome,
+            None => publish_alone(db, request, ttl, render).await,
+        };
+        out.push(outcome);
+    }
+    out
+}
+
+/// Attempts of a request alone: a key recorded concurrently is decided
+/// against that record on the next attempt, so a second race needs the
+/// record to expire in between.
+const ATTEMPTS_ALONE: usize = 3;
+
+async fn publish_alone(
+    db: &Database,
+    request: &PublishRequest,
+    ttl: Duration,
+    render: RenderPublished,
+) -> Result<Published> {
+    for _ in 0..ATTEMPTS_ALONE {
+        if let Some(mut outcomes) =
+            publish_batch(db, std::slice::from_ref(request), ttl, render).await?
+        {
+            return outcomes.pop().flatten().unwrap_or_else(|| {
+                Err(Error::internal("a publish batch of one answered nothing"))
+            });
+        }
+    }
+    Err(Error::internal(
+        "the Idempotency-Key was recorded concurrently on every attempt",
+    ))
+}
