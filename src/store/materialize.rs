@@ -43,14 +43,57 @@ pub struct Materialized {
 /// each matching entry insert a PENDING delivery while room lasts (stopping
 /// *before* a matching entry when room is 0); advance the cursor past every
 /// entry consumed, matching or not; `pending_count += inserted`.
+///
+/// A subscription whose cursor is already at its queue's head (as the last
+/// commit left them) is answered from two reads, without taking the write
+/// transaction: the scanner is woken after every append commits, so there
+/// is nothing to materialize until the next wake.
 pub async fn materialize(
     db: &Database,
     subscription_id: &SubscriptionId,
 ) -> Result<Materialized, DbErr> {
+    if let Some(outcome) = caught_up(db, subscription_id).await? {
+        return Ok(outcome);
+    }
     let txn = db.begin_write().await?;
     let outcome = materialize_in(&txn, subscription_id, MATERIALIZE_BATCH).await?;
     txn.commit().await?;
     Ok(outcome)
+}
+
+/// `Some` when a write transaction would find nothing to read: the
+/// subscription is enabled, has no history gap and its cursor is at the
+/// head. Its answer is the one [`materialize_in`] gives then.
+async fn caught_up(
+    db: &Database,
+    subscription_id: &SubscriptionId,
+) -> Result<Option<Materialized>, DbErr> {
+    let Some(sub) = subscription::Entity::find_by_id(subscription_id.as_str())
+        .one(db.reader())
+        .await?
+    else {
+        return Ok(None);
+    };
+    if !sub.enabled {
+        return Ok(None);
+    }
+    let queue_id = QueueId::from_db(sub.queue_id.clone());
+    let Some(pos) = journal::position(db.reader(), &queue_id).await? else {
+        return Ok(None);
+    };
+    if sub.cursor_sequence < pos.floor || sub.cursor_sequence < pos.head {
+        return Ok(None);
+    }
+    Ok(Some(Materialized {
+        caught_up: true,
+        refill_after: refill_after(sub.max_pending, MATERIALIZE_BATCH),
+        ..Default::default()
+    }))
+}
+
+/// See [`Materialized::refill_after`].
+fn refill_after(max_pending: i32, batch: u64) -> u64 {
+    (u64::try_from(max_pending).unwrap_or(0) / 4).clamp(1, (batch / 4).max(1))
 }
 
 async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
@@ -146,6 +189,6 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         idle: false,
         caught_up: cursor == pos.head,
         window_full: stopped_for_room,
-        refill_after: (u64::try_from(max_pending).unwrap_or(0) / 4).clamp(1, (batch / 4).max(1)),
+        refill_after: refill_after(max_pending, batch),
     })
 }
