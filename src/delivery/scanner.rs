@@ -83,6 +83,11 @@ pub struct JournalAppended {
 #[rtype(result = "()")]
 pub struct SubscriptionChanged {
     pub subscription_id: SubscriptionId,
+    /// The change may have made PENDING rows available (a resume, a
+    /// retry). False for an ACK: it frees room in the backlog window and
+    /// the session, but makes no row claimable, so it does not undo what an
+    /// exhausted claim learned (no claims that can only find nothing).
+    pub rows_available: bool,
 }
 
 /// Another node announced a wake (PostgreSQL NOTIFY). Unlike the local
@@ -148,12 +153,38 @@ struct SubscriptionEntry {
     /// Grows each time `maybe_pending` is set: a claim that started before
     /// new rows appeared must not clear the flag when it finds none.
     generation: u64,
+    /// Available PENDING rows as far as this node knows: `Some(n)` after a
+    /// claim found the rows exhausted, plus what materializations here
+    /// inserted since; `None` (unknown) after anything else that may have
+    /// made rows available. With `Some(n)`, claims are only asked for while
+    /// the rooms of the running ones do not cover `n`: one new row wakes one
+    /// claim, not one per session that has room.
+    known_available: Option<u64>,
+    /// The sum of the `want`s of this subscription's claims asked for and
+    /// not yet settled.
+    wanted_in_flight: u64,
 }
 
 impl SubscriptionEntry {
     fn may_have_pending(&mut self) {
         self.maybe_pending = true;
         self.generation += 1;
+        self.known_available = None;
+    }
+
+    /// A materialization here inserted `n` PENDING rows.
+    fn materialized(&mut self, n: u64) {
+        let known = self.known_available.map(|a| a + n);
+        self.may_have_pending();
+        self.known_available = known;
+    }
+
+    /// Whether another claim may find rows the running ones will not take.
+    fn worth_another_claim(&self) -> bool {
+        self.maybe_pending
+            && self
+                .known_available
+                .is_none_or(|n| self.wanted_in_flight < n)
     }
 }
 
@@ -260,7 +291,7 @@ impl ScannerActor {
             Ok(m) => {
                 if m.inserted > 0 {
                     self.metrics.materialized(&sub.queue_id, m.inserted);
-                    sub.may_have_pending();
+                    sub.materialized(m.inserted);
                 }
                 if m.more {
                     sub.dirty = true;
@@ -311,10 +342,13 @@ impl ScannerActor {
                 let Some(entry) = self.sessions.get_mut(&session_id) else {
                     continue;
                 };
-                let generation = self
-                    .subscriptions
-                    .get(&entry.subscription_id)
-                    .map_or(0, |s| s.generation);
+                let generation = match self.subscriptions.get_mut(&entry.subscription_id) {
+                    Some(sub) => {
+                        sub.wanted_in_flight += u64::from(entry.room);
+                        sub.generation
+                    }
+                    None => 0,
+                };
                 entry.claiming = true;
                 entry.claim_generation = generation;
                 sent += 1;
@@ -349,7 +383,7 @@ impl ScannerActor {
             let Some(sub) = self.subscriptions.get_mut(&sub_id) else {
                 continue;
             };
-            if !sub.maybe_pending {
+            if !sub.worth_another_claim() {
                 continue;
             }
             for _ in 0..sub.sessions.len() {
@@ -406,6 +440,8 @@ impl Handler<SessionBound> for ScannerActor {
                     dirty: true,
                     caught_up: false,
                     maybe_pending: true,
+                    known_available: None,
+                    wanted_in_flight: 0,
                     window_full: false,
                     refill_in: 0,
                     generation: 0,
@@ -510,7 +546,9 @@ impl Handler<SubscriptionChanged> for ScannerActor {
             } else {
                 sub.dirty |= !sub.caught_up;
             }
-            sub.may_have_pending();
+            if msg.rows_available {
+                sub.may_have_pending();
+            }
             self.kick(ctx);
         }
     }
@@ -554,6 +592,11 @@ impl Handler<ClaimSettled> for ScannerActor {
     type Result = ();
 
     fn handle(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
+        if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
+            sub.wanted_in_flight = sub
+                .wanted_in_flight
+                .saturating_sub(u64::from(msg.requested));
+        }
         let Some(entry) = self.sessions.get_mut(&msg.session_id) else {
             return;
         };
@@ -576,13 +619,18 @@ impl Handler<ClaimSettled> for ScannerActor {
                 sub.dirty = true;
                 if sub.generation == entry.claim_generation {
                     sub.maybe_pending = false;
+                    sub.known_available = Some(0);
                 }
                 self.kick(ctx);
             } else if msg.exhausted && sub.generation == entry.claim_generation {
                 sub.maybe_pending = false;
+                sub.known_available = Some(0);
             } else if msg.leased > 0 || msg.exhausted {
                 // Not exhausted, or rows appeared (a materialization here, a
                 // wake from another node) while this claim ran: look again.
+                if !msg.exhausted {
+                    sub.known_available = None;
+                }
                 self.kick(ctx);
             }
         }

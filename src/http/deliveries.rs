@@ -236,6 +236,7 @@ pub async fn retry(
     if written.applied {
         state.scanner.do_send(SubscriptionChanged {
             subscription_id: sub_id,
+            rows_available: true,
         });
     }
     Ok(written.response)

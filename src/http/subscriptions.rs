@@ -348,6 +348,7 @@ pub async fn configure(
     if written.applied && body.enabled {
         state.scanner.do_send(SubscriptionChanged {
             subscription_id: id,
+            rows_available: true,
         });
     }
     Ok(written.response)

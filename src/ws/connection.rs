@@ -680,9 +680,10 @@ impl ConnectionActor {
                                 act.report_demand();
                             }
                             if !deduplicated {
-                                act.state
-                                    .scanner
-                                    .do_send(SubscriptionChanged { subscription_id });
+                                act.state.scanner.do_send(SubscriptionChanged {
+                                    subscription_id,
+                                    rows_available: false,
+                                });
                             }
                         }
                         Ok(AckOutcome::LeaseLost) => {}

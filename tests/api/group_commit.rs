@@ -471,3 +471,64 @@ mod publishes {
         app.assert_invariants().await;
     }
 }
+
+mod claims_for_known_rows {
+    //! Decision 0064: one new row wakes one claim, not one per session with
+    //! room, and an ACK (which makes no row claimable) wakes none.
+
+    use serde_json::json;
+
+    use crate::{helpers::*, metrics::scrape, protocol_support::*};
+
+    async fn settled(app: &TestApp) -> bool {
+        let m = scrape(app).await;
+        m.value("orbit_events_claims_in_flight", &[]) == 0.0
+            && m.value("orbit_events_claims_waiting", &[]) == 0.0
+    }
+
+    async fn claims(app: &TestApp, cred: &Cred) -> f64 {
+        scrape(app).await.value(
+            "orbit_events_claims_total",
+            &[("application_id", cred.application_id.as_str())],
+        )
+    }
+
+    /// Publishes one result, receives it on whichever session gets it and
+    /// ACKs it; returns when no claim is waiting or running.
+    async fn one_result_round_trip(app: &TestApp, cred: &Cred, sessions: &mut [WsClient]) {
+        app.publish(cred, vec![result(&cred.queue_id, "task.succeeded")])
+            .await;
+        let (delivery, index, _) =
+            futures_util::future::select_all(sessions.iter_mut().map(|ws| Box::pin(ws.delivery())))
+                .await;
+        let ack = sessions[index].ack(&delivery).await;
+        assert_eq!(ack["type"], "ack", "{ack:#}");
+        wait_until("no claim waits or runs", || settled(app)).await;
+    }
+
+    #[actix_web::test]
+    async fn one_new_row_wakes_one_claim_and_its_ack_wakes_none() {
+        // No fallback poll during the test: every claim was caused by the
+        // publish or the ACK.
+        let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+        let cred = app.bootstrap().await;
+        let sub = app.subscribe(&cred, json!({})).await;
+        let sub_id = sub["id"].as_str().unwrap().to_owned();
+        let mut sessions = Vec::new();
+        for _ in 0..4 {
+            sessions.push(app.bind(&cred.token, &sub_id, 8).await);
+        }
+        // The claims of the new sessions, and a first row, before counting.
+        one_result_round_trip(&app, &cred, &mut sessions).await;
+
+        let before = claims(&app, &cred).await;
+        one_result_round_trip(&app, &cred, &mut sessions).await;
+        let after = claims(&app, &cred).await;
+        assert_eq!(
+            after - before,
+            1.0,
+            "claims for one new row and its ACK, with 4 sessions with room"
+        );
+        app.assert_invariants().await;
+    }
+}
