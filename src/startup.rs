@@ -135,6 +135,7 @@ impl Application {
         let delivery_db = db.clone();
         let ack_db = db.clone();
         let publish_db = db.clone();
+        let metrics_for_publishes = metrics.clone();
         let idempotency_ttl =
             std::time::Duration::from_secs(settings.retention.idempotency_max_age_s);
         let delivery_node = node_id.clone();
@@ -171,7 +172,12 @@ impl Application {
                     listener::start_listener(listen_url, node_id, scanner.clone());
                 }
                 let acks = AckBatcher::start(ack_db);
-                let publishes = PublishBatcher::start(publish_db, idempotency_ttl);
+                let publishes = PublishBatcher::start(
+                    publish_db,
+                    idempotency_ttl,
+                    scanner.clone(),
+                    metrics_for_publishes,
+                );
                 (pool, scanner, sweeper, acks, publishes)
             })
             .map_err(StartupError::Thread)?;

@@ -596,6 +596,11 @@ impl Handler<ClaimSettled> for ScannerActor {
             sub.wanted_in_flight = sub
                 .wanted_in_flight
                 .saturating_sub(u64::from(msg.requested));
+            if msg.refused || msg.failed {
+                // The rows it would have taken were not: the next round
+                // asks every session with room again.
+                sub.known_available = None;
+            }
         }
         let Some(entry) = self.sessions.get_mut(&msg.session_id) else {
             return;

@@ -1,6 +1,9 @@
 //! `POST /v1/queues/{queue_id}/results`: the producer side of the result
 //! log (spec: http-api.md §3 "Result ingest", delivery-model.md §3).
 
+use std::sync::Arc;
+
+use actix::Addr;
 use actix_web::{HttpRequest, HttpResponse, http::StatusCode, web};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -11,7 +14,7 @@ use crate::{
     delivery::{
         acks::batches_in_flight,
         group_commit::{BatchLimits, Batcher},
-        scanner::JournalAppended,
+        scanner::{JournalAppended, ScannerActor},
     },
     domain::{Permission, QueueId, ResultType, Timestamp, U64Str, is_id},
     error::{Error, Result},
@@ -24,11 +27,12 @@ use crate::{
         request::{idempotency_key, json_body, no_query},
     },
     journal::NewResult,
+    metrics::Metrics,
     state::AppState,
     store::{
         Database,
         idempotency::WriteIdentity,
-        publish::{self, PublishRequest, Published},
+        publish::{self, PublishRequest, Published, Waiter},
     },
     strict_json::{self, non_null},
 };
@@ -270,11 +274,13 @@ pub async fn publish(
         queue_id.as_str(),
         &normalized,
     )?;
-    let appended = results.len() as u64;
+    // Dropped with this handler (e.g. at its deadline): see `Waiter`.
+    let alive = Arc::new(());
     let request = PublishRequest {
         identity,
         queue_id: queue_id.clone(),
         results,
+        waiter: Waiter::while_alive(&alive),
     };
     let outcome = state
         .publishes
@@ -282,12 +288,9 @@ pub async fn publish(
         .submit(request)
         .await
         .unwrap_or_else(|| Err(Error::unavailable("the node is shutting down")))?;
+    drop(alive);
     match outcome {
-        Published::Fresh(data) => {
-            state.metrics.appended(&queue_id, appended);
-            state.scanner.do_send(JournalAppended { queue_id });
-            Ok(respond(&req, StatusCode::CREATED, data))
-        }
+        Published::Fresh(data) => Ok(respond(&req, StatusCode::CREATED, data)),
         Published::Replay(data) => Ok(respond(&req, StatusCode::OK, data)),
     }
 }
@@ -302,7 +305,10 @@ const PUBLISH_CHANNEL: usize = 1024;
 /// Group commit of publishes (decision 0063): requests that arrive while a
 /// publish transaction commits share the next one
 /// ([`publish::publish_each`]); each answer leaves after the commit that
-/// holds its events. Cheap to clone.
+/// holds its events, and the batcher itself wakes the scanner and counts
+/// the appended results, so a caller that stopped waiting (its deadline
+/// passed) loses neither. A request whose caller stopped waiting before
+/// its batch began is not run. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct PublishBatcher {
     batcher: Batcher<PublishRequest, Result<Published>>,
@@ -312,15 +318,37 @@ impl PublishBatcher {
     /// Starts the batcher on the calling thread's local task set (the
     /// node's delivery thread, like the ACK batcher); idempotency records
     /// of fresh publishes expire after `idempotency_ttl`.
-    pub fn start(db: Database, idempotency_ttl: std::time::Duration) -> PublishBatcher {
+    pub fn start(
+        db: Database,
+        idempotency_ttl: std::time::Duration,
+        scanner: Addr<ScannerActor>,
+        metrics: Arc<Metrics>,
+    ) -> PublishBatcher {
         let limits = BatchLimits {
             slots: batches_in_flight(&db),
             max_batch: MAX_PUBLISH_BATCH,
             channel: PUBLISH_CHANNEL,
+            drop_abandoned: true,
         };
         let batcher = Batcher::start(limits, move |requests: Vec<PublishRequest>| {
-            let db = db.clone();
-            async move { publish::publish_each(&db, &requests, idempotency_ttl, render_published).await }
+            let (db, scanner, metrics) = (db.clone(), scanner.clone(), metrics.clone());
+            async move {
+                let ttl = idempotency_ttl;
+                let outcomes = publish::publish_each(&db, &requests, ttl, render_published).await;
+                let mut woken: Vec<&QueueId> = Vec::new();
+                for (request, outcome) in requests.iter().zip(&outcomes) {
+                    if let Ok(Published::Fresh(_)) = outcome {
+                        metrics.appended(&request.queue_id, request.results.len() as u64);
+                        if !woken.contains(&&request.queue_id) {
+                            woken.push(&request.queue_id);
+                            scanner.do_send(JournalAppended {
+                                queue_id: request.queue_id.clone(),
+                            });
+                        }
+                    }
+                }
+                outcomes
+            }
         });
         PublishBatcher { batcher }
     }

@@ -9,11 +9,13 @@
 //! final record commit together; a failed request rolls its placeholder
 //! back, so only successes are recorded.
 
-use entity::idempotency_record;
 use std::collections::HashMap;
 
+use entity::idempotency_record;
+
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
+    Set,
     sea_query::{Expr, OnConflict},
 };
 use serde_json::Value;
@@ -162,7 +164,7 @@ pub async fn live_records<C: ConnectionTrait>(
     conn: &C,
     ids: &[&WriteIdentity],
     now: Timestamp,
-) -> Result<HashMap<(String, String), idempotency_record::Model>> {
+) -> Result<HashMap<(String, String), idempotency_record::Model>, DbErr> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -182,7 +184,9 @@ pub async fn live_records<C: ConnectionTrait>(
 }
 
 /// Records finished writes in one statement: `(identity, HTTP status,
-/// response data)` each, created at `now`, expiring at `expires_at`.
+/// response data)` each, created at `now`, expiring at `expires_at`, in
+/// `(credential, key)` order (two transactions inserting the same keys
+/// wait for each other in the same order: no deadlock on PostgreSQL).
 /// Returns how many were inserted: fewer than given means another
 /// transaction took one of the keys meanwhile (PostgreSQL), and the caller
 /// must not commit.
@@ -191,12 +195,17 @@ pub async fn insert_finished<C: ConnectionTrait>(
     finished: &[(&WriteIdentity, u16, &Value)],
     now: Timestamp,
     expires_at: Timestamp,
-) -> Result<u64> {
+) -> Result<u64, DbErr> {
     if finished.is_empty() {
         return Ok(0);
     }
-    let models = finished
-        .iter()
+    let mut ordered: Vec<_> = finished.iter().collect();
+    ordered.sort_by(|a, b| {
+        (a.0.credential_id.as_str(), a.0.key.as_str())
+            .cmp(&(b.0.credential_id.as_str(), b.0.key.as_str()))
+    });
+    let models = ordered
+        .into_iter()
         .map(|(id, status, data)| idempotency_record::ActiveModel {
             id: Set(random_hex_id()),
             credential_id: Set(id.credential_id.as_str().to_owned()),

@@ -1,8 +1,13 @@
 //! Publishing results (spec: http-api.md §2 and §4 `POST .../results`),
 //! several publish requests per transaction (group commit, decision 0063).
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Weak},
+    time::Duration,
+};
 
+use sea_orm::DbErr;
 use serde_json::Value;
 
 use crate::{
@@ -22,6 +27,31 @@ pub struct PublishRequest {
     pub identity: WriteIdentity,
     pub queue_id: QueueId,
     pub results: Vec<NewResult>,
+    pub waiter: Waiter,
+}
+
+/// Whether the caller of a request still waits for its answer. An HTTP
+/// handler past its deadline (answered 503, "nothing written") does not:
+/// a batch leaves such a request out once it holds the write lock, before
+/// writing anything of it.
+#[derive(Debug, Clone, Default)]
+pub struct Waiter(Option<Weak<()>>);
+
+impl Waiter {
+    /// A caller that always waits (tests, callers without a deadline).
+    pub fn always() -> Waiter {
+        Waiter(None)
+    }
+
+    /// Waits while `alive` (held by the caller) exists.
+    pub fn while_alive(alive: &Arc<()>) -> Waiter {
+        Waiter(Some(Arc::downgrade(alive)))
+    }
+
+    /// The caller stopped waiting.
+    pub fn gone(&self) -> bool {
+        self.0.as_ref().is_some_and(|w| w.strong_count() == 0)
+    }
 }
 
 /// How a publish request ended.
@@ -60,7 +90,7 @@ pub async fn publish_batch(
     requests: &[PublishRequest],
     ttl: Duration,
     render: RenderPublished,
-) -> Result<Option<Vec<Option<Result<Published>>>>> {
+) -> Result<Option<Vec<Option<Result<Published>>>>, DbErr> {
     let t = now();
     let txn = db.begin_write().await?;
     let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
@@ -70,6 +100,13 @@ pub async fn publish_batch(
     let mut seen = HashSet::new();
     let mut fresh = Vec::new();
     for (i, request) in requests.iter().enumerate() {
+        if request.waiter.gone() {
+            // Its caller stopped waiting (deadline: already answered 503)
+            // while the batch waited for the write lock: nothing of it is
+            // written (http-api.md §1).
+            outcomes[i] = Some(Err(Error::unavailable("the request passed its deadline")));
+            continue;
+        }
         let id = &request.identity;
         let key = (
             id.credential_id.as_str().to_owned(),
@@ -92,7 +129,10 @@ pub async fn publish_batch(
     for (&i, events) in fresh.iter().zip(appended) {
         match events {
             Some(events) => {
-                let data = render(&events)?;
+                // Rendering strings cannot fail in practice; if it did, the
+                // events of this request would lack their response: the
+                // whole batch fails instead.
+                let data = render(&events).map_err(|e| DbErr::Custom(e.message().to_owned()))?;
                 outcomes[i] = Some(Ok(Published::Fresh(data.clone())));
                 finished.push((i, data));
             }
@@ -129,8 +169,14 @@ pub async fn publish_each(
     let outcomes = match publish_batch(db, requests, ttl, render).await {
         Ok(Some(outcomes)) => outcomes,
         Ok(None) => vec![None; requests.len()],
+        Err(err) if matches!(err, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => {
+            // Unreachable: one by one would only fail again, each after
+            // the acquire timeout, while later publishes wait behind them.
+            let err = Error::from(err);
+            return requests.iter().map(|_| Err(err.clone())).collect();
+        }
         Err(err) => {
-            tracing::warn!(error = %err.message(), publishes = requests.len(), "publish batch failed; publishing its requests one by one");
+            tracing::warn!(error = %err, publishes = requests.len(), "publish batch failed; publishing its requests one by one");
             vec![None; requests.len()]
         }
     };

@@ -286,7 +286,7 @@ mod publishes {
         journal::NewResult,
         store::{
             idempotency::{IdempotencyKey, WriteIdentity},
-            publish::{PublishRequest, Published, publish_each},
+            publish::{PublishRequest, Published, Waiter, publish_each},
         },
     };
     use serde_json::{Value, json};
@@ -322,6 +322,7 @@ mod publishes {
             .unwrap(),
             queue_id: QueueId::parse(queue_id).unwrap(),
             results,
+            waiter: Waiter::always(),
         }
     }
 
@@ -401,6 +402,51 @@ mod publishes {
             .scalar("SELECT COUNT(*) FROM idempotency_records WHERE key = 'k2'")
             .await;
         assert_eq!(k2, 0);
+        app.assert_invariants().await;
+    }
+
+    #[actix_web::test]
+    async fn a_publish_past_its_deadline_while_waiting_for_its_batch_gets_503_and_writes_nothing() {
+        use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
+
+        let app = spawn_app_with(|s| s.timing.http_request_timeout_ms = 300).await;
+        let cred = app.bootstrap().await;
+        // Hold the write lock from outside the node, so the publish's batch
+        // waits for it (SQLite: a second connection's write transaction;
+        // PostgreSQL: a lock on the idempotency table).
+        let url = app.settings.database.url.clone();
+        let blocker = sea_orm::Database::connect(&url).await.unwrap();
+        let backend = blocker.get_database_backend();
+        let txn = blocker.begin().await.unwrap();
+        let lock = match backend {
+            sea_orm::DbBackend::Sqlite => "DELETE FROM idempotency_records WHERE 1 = 0",
+            _ => "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
+        };
+        txn.execute_raw(Statement::from_string(backend, lock.to_owned()))
+            .await
+            .unwrap();
+        let path = format!("/v1/queues/{}/results", cred.queue_id);
+        let body = json!({ "results": [result(&cred.queue_id, "task.succeeded")] });
+        let res = app.post(&path, &cred.token, "slow", &body).await;
+        res.assert_error(503, "UNAVAILABLE");
+        txn.rollback().await.unwrap();
+        blocker.close().await.unwrap();
+        // Nothing of it was written, not even once the batch got the lock:
+        // the same key applies afresh (201, not a 200 replay).
+        let res = crate::http_support::eventually("a publish after the deadline", || async {
+            let res = app.post(&path, &cred.token, "slow", &body).await;
+            (res.status != 503).then_some(res)
+        })
+        .await;
+        assert_eq!(res.status, 201, "{:#}", res.body);
+        assert_eq!(res.data()["deduplicated"], false);
+        let events = app
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM result_events WHERE queue_id = '{}'",
+                cred.queue_id
+            ))
+            .await;
+        assert_eq!(events, 1);
         app.assert_invariants().await;
     }
 

@@ -276,6 +276,24 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
             ),
         )
         .index("ix_deliveries_subscription_state_created"),
+        // store::publish::publish_batch: the keys of a batch of publishes
+        // (decision 0063), one OR term per request.
+        hot(
+            "idempotency::live_records (expired)",
+            format!(
+                "DELETE FROM idempotency_records WHERE ((credential_id = '{SESSION}' AND key = 'k1') \
+                 OR (credential_id = '{SESSION}' AND key = 'k2')) AND expires_at <= {NOW}"
+            ),
+        )
+        .index("ux_idempotency_records_credential_key"),
+        hot(
+            "idempotency::live_records (read)",
+            format!(
+                "SELECT * FROM idempotency_records WHERE (credential_id = '{SESSION}' AND key = 'k1') \
+                 OR (credential_id = '{SESSION}' AND key = 'k2')"
+            ),
+        )
+        .index("ux_idempotency_records_credential_key"),
     ]
 }
 
