@@ -32,7 +32,7 @@ use crate::{
     domain::{ApplicationId, CredentialId, QueueId, SessionId, SubscriptionId},
     metrics::{Metrics, Operation},
     store::{
-        Database,
+        Database, Waiter,
         claim::{ClaimOutcome, ClaimTarget},
         materialize::{Materialized, materialize},
     },
@@ -52,6 +52,8 @@ pub struct SessionBound {
     /// Deliveries the connection can take right now.
     pub room: u32,
     pub connection: Recipient<ClaimResult>,
+    /// Alive while the connection holds the session (see [`Waiter`]).
+    pub waiter: Waiter,
 }
 
 /// The session's connection is gone.
@@ -129,6 +131,7 @@ struct SessionEntry {
     /// The subscription's `generation` when the running claim was asked for.
     claim_generation: u64,
     connection: Recipient<ClaimResult>,
+    waiter: Waiter,
 }
 
 struct SubscriptionEntry {
@@ -359,6 +362,7 @@ impl ScannerActor {
                         subscription_id: entry.subscription_id.clone(),
                         credential_id: entry.credential_id.clone(),
                         capacity: entry.capacity,
+                        waiter: entry.waiter.clone(),
                     },
                     application_id: entry.application_id.clone(),
                     want: entry.room,
@@ -462,6 +466,7 @@ impl Handler<SessionBound> for ScannerActor {
                 claiming: false,
                 claim_generation: 0,
                 connection: msg.connection,
+                waiter: msg.waiter,
             },
         );
         self.kick(ctx);

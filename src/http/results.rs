@@ -30,9 +30,9 @@ use crate::{
     metrics::Metrics,
     state::AppState,
     store::{
-        Database,
+        Database, Waiter,
         idempotency::WriteIdentity,
-        publish::{self, PublishRequest, Published, Waiter},
+        publish::{self, PublishRequest, Published},
     },
     strict_json::{self, non_null},
 };

@@ -17,7 +17,7 @@ use crate::{
         Timestamp, now,
     },
     journal::{self, RenderedEvent},
-    store::{Database, tenancy},
+    store::{Database, Waiter, tenancy},
 };
 
 /// The session a claim leases to.
@@ -27,6 +27,9 @@ pub struct ClaimTarget {
     pub subscription_id: SubscriptionId,
     pub credential_id: CredentialId,
     pub capacity: u32,
+    /// The session's connection: once it has closed, the claim leases
+    /// nothing (checked inside the transaction, after the write lock).
+    pub waiter: Waiter,
 }
 
 /// One delivery leased by a claim: the row after leasing, its event and the
@@ -192,8 +195,12 @@ async fn claim_in<C: ConnectionTrait>(
             let session = target.session_id.as_str();
             let busy =
                 held.get(session).copied().unwrap_or(0) + taken.get(session).copied().unwrap_or(0);
+            // A session whose connection closed while its claim waited
+            // for the write lock (e.g. during a database outage) takes
+            // nothing: its rows would only come back one lease later.
+            let want = if target.waiter.gone() { 0 } else { *want };
             let take = Ord::min(
-                u64::from(*want),
+                u64::from(want),
                 u64::from(target.capacity).saturating_sub(busy),
             );
             *taken.entry(session).or_default() += take;

@@ -21,6 +21,7 @@ pub mod sessions;
 pub mod subscriptions;
 pub mod tenancy;
 
+use std::sync::{Arc, Weak};
 use std::{path::Path, time::Duration};
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
@@ -157,6 +158,31 @@ impl Database {
     pub async fn close(&self) -> Result<(), DbErr> {
         self.read.close_by_ref().await?;
         self.write.close_by_ref().await
+    }
+}
+
+/// Whether the caller of a request still waits for its answer, checked by
+/// a batch once it holds the write lock, before writing anything of the
+/// request: an HTTP handler past its deadline (answered 503, "nothing
+/// written") no longer waits for its publish (decision 0063), a closed
+/// connection no longer waits for its session's claim.
+#[derive(Debug, Clone, Default)]
+pub struct Waiter(Option<Weak<()>>);
+
+impl Waiter {
+    /// A caller that always waits (tests, callers without a deadline).
+    pub fn always() -> Waiter {
+        Waiter(None)
+    }
+
+    /// Waits while `alive` (held by the caller) exists.
+    pub fn while_alive(alive: &Arc<()>) -> Waiter {
+        Waiter(Some(Arc::downgrade(alive)))
+    }
+
+    /// The caller stopped waiting.
+    pub fn gone(&self) -> bool {
+        self.0.as_ref().is_some_and(|w| w.strong_count() == 0)
     }
 }
 

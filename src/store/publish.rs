@@ -1,11 +1,7 @@
 //! Publishing results (spec: http-api.md §2 and §4 `POST .../results`),
 //! several publish requests per transaction (group commit, decision 0063).
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Weak},
-    time::Duration,
-};
+use std::{collections::HashSet, time::Duration};
 
 use sea_orm::DbErr;
 use serde_json::Value;
@@ -15,7 +11,7 @@ use crate::{
     error::{Error, Result},
     journal::{self, NewResult},
     store::{
-        Database,
+        Database, Waiter,
         idempotency::{self, WriteIdentity},
     },
 };
@@ -28,30 +24,6 @@ pub struct PublishRequest {
     pub queue_id: QueueId,
     pub results: Vec<NewResult>,
     pub waiter: Waiter,
-}
-
-/// Whether the caller of a request still waits for its answer. An HTTP
-/// handler past its deadline (answered 503, "nothing written") does not:
-/// a batch leaves such a request out once it holds the write lock, before
-/// writing anything of it.
-#[derive(Debug, Clone, Default)]
-pub struct Waiter(Option<Weak<()>>);
-
-impl Waiter {
-    /// A caller that always waits (tests, callers without a deadline).
-    pub fn always() -> Waiter {
-        Waiter(None)
-    }
-
-    /// Waits while `alive` (held by the caller) exists.
-    pub fn while_alive(alive: &Arc<()>) -> Waiter {
-        Waiter(Some(Arc::downgrade(alive)))
-    }
-
-    /// The caller stopped waiting.
-    pub fn gone(&self) -> bool {
-        self.0.as_ref().is_some_and(|w| w.strong_count() == 0)
-    }
 }
 
 /// How a publish request ended.

@@ -39,7 +39,7 @@ use crate::{
     metrics::{Operation, Outcome},
     state::AppState,
     store::{
-        self,
+        self, Waiter,
         ack::{AckOutcome, AckRequest, LeaseProof},
         audit::AuditActor,
         claim::ClaimOutcome,
@@ -135,6 +135,9 @@ pub struct ConnectionActor {
     draining: bool,
     /// The scanner was told this session is gone (once per session).
     left_scanner: bool,
+    /// Held while the session is this connection's: claims check it after
+    /// taking the write lock (a claim of a closed session leases nothing).
+    session_alive: Arc<()>,
     _slot: ConnectionSlot,
 }
 
@@ -161,6 +164,7 @@ impl ConnectionActor {
             in_flight: 0,
             draining: false,
             left_scanner: false,
+            session_alive: Arc::new(()),
             _slot: slot,
             state,
         }
@@ -225,6 +229,9 @@ impl ConnectionActor {
             && !self.left_scanner
         {
             self.left_scanner = true;
+            // Claims of this session still waiting for the database now
+            // lease nothing.
+            self.session_alive = Arc::new(());
             self.state.scanner.do_send(SessionClosed {
                 session_id: b.session_id.clone(),
             });
@@ -529,6 +536,7 @@ impl ConnectionActor {
                     capacity,
                     room,
                     connection: ctx.address().recipient(),
+                    waiter: Waiter::while_alive(&self.session_alive),
                 });
             }
             Ok(OpenSession::NotFound) => self.fail(

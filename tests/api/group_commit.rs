@@ -285,8 +285,9 @@ mod publishes {
         domain::{CredentialId, EventId, QueueId, ResultType, now, random_hex_id},
         journal::NewResult,
         store::{
+            Waiter,
             idempotency::{IdempotencyKey, WriteIdentity},
-            publish::{PublishRequest, Published, Waiter, publish_each},
+            publish::{PublishRequest, Published, publish_each},
         },
     };
     use serde_json::{Value, json};
