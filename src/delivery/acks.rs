@@ -64,12 +64,11 @@ impl AckBatcher {
     }
 }
 
-/// Batches in flight at once (ACKs here, idempotent writes in
-/// [`crate::http::write`]): SQLite has one writer, so a second batch would
-/// only wait for it; on PostgreSQL a few batches commit side by side, so a
-/// request waits for a free slot rather than for the batch ahead of it
-/// (ACK rows are locked in id order: batches never deadlock).
-pub fn batches_in_flight(db: &Database) -> usize {
+/// ACK transactions in flight at once: SQLite has one writer, so a second
+/// batch would only wait for it; on PostgreSQL a few batches commit side
+/// by side, so an ACK waits for a free slot rather than for the batch ahead
+/// of it (rows are locked in id order: batches never deadlock).
+fn batches_in_flight(db: &Database) -> usize {
     match db.backend() {
         DbBackend::Postgres => 4,
         _ => 1,
