@@ -43,9 +43,6 @@ impl AckBatcher {
             slots: batches_in_flight(&db),
             max_batch: MAX_ACK_BATCH,
             channel: CHANNEL,
-            // An ACK frame that was read counts even if its connection has
-            // gone meanwhile (as before group commit).
-            drop_abandoned: false,
         };
         let batcher = Batcher::start(limits, move |requests: Vec<AckRequest>| {
             let db = db.clone();

@@ -49,11 +49,6 @@ pub struct BatchLimits {
     /// Requests waiting beyond the running batches; a caller past it waits
     /// for room (backpressure), nothing is dropped.
     pub channel: usize,
-    /// Leave out of a batch every request whose caller stopped waiting
-    /// before the batch began (e.g. an HTTP request past its deadline,
-    /// already answered 503): it is never run. A request in a batch that
-    /// has begun runs to its commit either way.
-    pub drop_abandoned: bool,
 }
 
 impl<R: 'static, O: 'static> Batcher<R, O> {
@@ -99,12 +94,6 @@ async fn run<R: 'static, O: 'static, F, Fut>(
         let mut batch = Vec::with_capacity(max_batch);
         if rx.recv_many(&mut batch, max_batch).await == 0 {
             return;
-        }
-        if limits.drop_abandoned {
-            batch.retain(|w| !w.reply.is_closed());
-            if batch.is_empty() {
-                continue;
-            }
         }
         let (requests, replies): (Vec<R>, Vec<_>) =
             batch.into_iter().map(|w| (w.request, w.reply)).unzip();

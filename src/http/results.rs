@@ -313,8 +313,8 @@ const PUBLISH_CHANNEL: usize = 1024;
 /// ([`publish::publish_each`]); each answer leaves after the commit that
 /// holds its events, and the batcher itself wakes the scanner and counts
 /// the appended results, so a caller that stopped waiting (its deadline
-/// passed) loses neither. A request whose caller stopped waiting before
-/// its batch began is not run. Cheap to clone.
+/// passed) loses neither; such a request is left out of its batch
+/// ([`Waiter`]). Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct PublishBatcher {
     batcher: Batcher<PublishRequest, Result<Published>>,
@@ -334,7 +334,6 @@ impl PublishBatcher {
             slots: PUBLISH_BATCHES_IN_FLIGHT,
             max_batch: MAX_PUBLISH_BATCH,
             channel: PUBLISH_CHANNEL,
-            drop_abandoned: true,
         };
         let batcher = Batcher::start(limits, move |requests: Vec<PublishRequest>| {
             let (db, scanner, metrics) = (db.clone(), scanner.clone(), metrics.clone());

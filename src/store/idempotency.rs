@@ -92,28 +92,11 @@ pub async fn begin(txn: &DatabaseTransaction, id: &WriteIdentity, now: Timestamp
         .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
         .exec(txn)
         .await?;
-    let inserted = idempotency_record::Entity::insert(idempotency_record::ActiveModel {
-        id: Set(random_hex_id()),
-        credential_id: Set(id.credential_id.as_str().to_owned()),
-        key: Set(id.key.as_str().to_owned()),
-        operation: Set(id.operation.to_owned()),
-        target: Set(id.target.clone()),
-        request_digest: Set(id.request_digest.clone()),
-        status: Set(0),
-        response: Set(String::new()),
-        expires_at: Set(i64::MAX),
-        created_at: Set(now.micros()),
-    })
-    .on_conflict(
-        OnConflict::columns([
-            idempotency_record::Column::CredentialId,
-            idempotency_record::Column::Key,
-        ])
-        .do_nothing()
-        .to_owned(),
-    )
-    .exec_without_returning(txn)
-    .await?;
+    let placeholder = record(id, 0, String::new(), i64::MAX, now);
+    let inserted = idempotency_record::Entity::insert(placeholder)
+        .on_conflict(key_taken())
+        .exec_without_returning(txn)
+        .await?;
     if inserted == 1 {
         return Ok(Begin::Fresh);
     }
@@ -204,32 +187,56 @@ pub async fn insert_finished<C: ConnectionTrait>(
         (a.0.credential_id.as_str(), a.0.key.as_str())
             .cmp(&(b.0.credential_id.as_str(), b.0.key.as_str()))
     });
-    let models = ordered
+    let models: Vec<_> = ordered
         .into_iter()
-        .map(|(id, status, data)| idempotency_record::ActiveModel {
-            id: Set(random_hex_id()),
-            credential_id: Set(id.credential_id.as_str().to_owned()),
-            key: Set(id.key.as_str().to_owned()),
-            operation: Set(id.operation.to_owned()),
-            target: Set(id.target.clone()),
-            request_digest: Set(id.request_digest.clone()),
-            status: Set(i32::from(*status)),
-            response: Set(data.to_string()),
-            expires_at: Set(expires_at.micros()),
-            created_at: Set(now.micros()),
-        });
-    let inserted = idempotency_record::Entity::insert_many(models.collect::<Vec<_>>())
-        .on_conflict(
-            OnConflict::columns([
-                idempotency_record::Column::CredentialId,
-                idempotency_record::Column::Key,
-            ])
-            .do_nothing()
-            .to_owned(),
-        )
+        .map(|(id, status, data)| {
+            record(
+                id,
+                i32::from(*status),
+                data.to_string(),
+                expires_at.micros(),
+                now,
+            )
+        })
+        .collect();
+    let inserted = idempotency_record::Entity::insert_many(models)
+        .on_conflict(key_taken())
         .exec_without_returning(conn)
         .await?;
     Ok(inserted)
+}
+
+/// A new record under `id`'s key (status 0 and no response: a placeholder
+/// of a write in progress).
+fn record(
+    id: &WriteIdentity,
+    status: i32,
+    response: String,
+    expires_at: i64,
+    now: Timestamp,
+) -> idempotency_record::ActiveModel {
+    idempotency_record::ActiveModel {
+        id: Set(random_hex_id()),
+        credential_id: Set(id.credential_id.as_str().to_owned()),
+        key: Set(id.key.as_str().to_owned()),
+        operation: Set(id.operation.to_owned()),
+        target: Set(id.target.clone()),
+        request_digest: Set(id.request_digest.clone()),
+        status: Set(status),
+        response: Set(response),
+        expires_at: Set(expires_at),
+        created_at: Set(now.micros()),
+    }
+}
+
+/// A key already recorded: insert nothing (the caller reads the record).
+fn key_taken() -> OnConflict {
+    OnConflict::columns([
+        idempotency_record::Column::CredentialId,
+        idempotency_record::Column::Key,
+    ])
+    .do_nothing()
+    .to_owned()
 }
 
 /// Stores the outcome of a fresh write (status and response `data`) in the

@@ -408,24 +408,9 @@ mod publishes {
 
     #[actix_web::test]
     async fn a_publish_past_its_deadline_while_waiting_for_its_batch_gets_503_and_writes_nothing() {
-        use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
-
         let app = spawn_app_with(|s| s.timing.http_request_timeout_ms = 300).await;
         let cred = app.bootstrap().await;
-        // Hold the write lock from outside the node, so the publish's batch
-        // waits for it (SQLite: a second connection's write transaction;
-        // PostgreSQL: a lock on the idempotency table).
-        let url = app.settings.database.url.clone();
-        let blocker = sea_orm::Database::connect(&url).await.unwrap();
-        let backend = blocker.get_database_backend();
-        let txn = blocker.begin().await.unwrap();
-        let lock = match backend {
-            sea_orm::DbBackend::Sqlite => "DELETE FROM idempotency_records WHERE 1 = 0",
-            _ => "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
-        };
-        txn.execute_raw(Statement::from_string(backend, lock.to_owned()))
-            .await
-            .unwrap();
+        let (blocker, txn) = crate::http_support::hold_idempotency_writes(&app).await;
         let path = format!("/v1/queues/{}/results", cred.queue_id);
         let body = json!({ "results": [result(&cred.queue_id, "task.succeeded")] });
         let res = app.post(&path, &cred.token, "slow", &body).await;

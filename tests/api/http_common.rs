@@ -3,7 +3,6 @@
 //! uint64 strings, query parameters, unknown routes and wrong methods.
 
 use orbit_events::{domain::CredentialId, store::tenancy};
-use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
 use serde_json::{Value, json};
 
 use crate::{helpers::*, http_support::*};
@@ -383,20 +382,7 @@ async fn a_body_needs_content_type_application_json_and_parameters_are_allowed()
 async fn a_request_past_its_deadline_gets_503_unavailable_and_is_rolled_back() {
     let app = spawn_app_with(|s| s.timing.http_request_timeout_ms = 300).await;
     let cred = app.bootstrap().await;
-    // Hold the write lock from outside the node so its write transaction
-    // cannot start (SQLite: a second connection's BEGIN IMMEDIATE;
-    // PostgreSQL: a lock on the idempotency table).
-    let url = app.settings.database.url.clone();
-    let blocker = sea_orm::Database::connect(&url).await.unwrap();
-    let backend = blocker.get_database_backend();
-    let txn = blocker.begin().await.unwrap();
-    let lock = match backend {
-        sea_orm::DbBackend::Sqlite => "DELETE FROM idempotency_records WHERE 1 = 0",
-        _ => "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
-    };
-    txn.execute_raw(Statement::from_string(backend, lock.to_owned()))
-        .await
-        .unwrap();
+    let (blocker, txn) = hold_idempotency_writes(&app).await;
     let started = std::time::Instant::now();
     let res = app
         .post(

@@ -254,3 +254,26 @@ pub async fn sibling(
     assert_eq!(other.queue_id, cred.queue_id);
     other
 }
+
+/// Holds the write lock from outside the node, so its write transactions
+/// (idempotent writes, publish batches) cannot start: SQLite, a second
+/// connection's write transaction; PostgreSQL, a lock on the idempotency
+/// table. Roll the transaction back and close the connection to release.
+pub async fn hold_idempotency_writes(
+    app: &TestApp,
+) -> (sea_orm::DatabaseConnection, sea_orm::DatabaseTransaction) {
+    use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
+    let blocker = sea_orm::Database::connect(app.settings.database.url.as_str())
+        .await
+        .unwrap();
+    let backend = blocker.get_database_backend();
+    let txn = blocker.begin().await.unwrap();
+    let lock = match backend {
+        sea_orm::DbBackend::Sqlite => "DELETE FROM idempotency_records WHERE 1 = 0",
+        _ => "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
+    };
+    txn.execute_raw(Statement::from_string(backend, lock.to_owned()))
+        .await
+        .unwrap();
+    (blocker, txn)
+}
