@@ -7,10 +7,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use entity::{delivery, queue, result_event};
+use entity::{delivery, queue, result_event, subscription};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    QueryOrder, QuerySelect, QueryTrait,
     sea_query::{Expr, LockType},
 };
 use serde::Serialize;
@@ -295,10 +295,20 @@ pub async fn purge<C: ConnectionTrait>(
         });
     }
     let ids: Vec<&str> = due.iter().map(|(id, _)| id.as_str()).collect();
+    // Only subscriptions of this queue can reference its entries
+    // (subscriptions are never deleted nor moved): the lookup goes through
+    // `(subscription_id, event_id)`, so no index keyed by the event alone
+    // has to follow every state change of a delivery (decision 0067).
+    let subscriptions = subscription::Entity::find()
+        .select_only()
+        .column(subscription::Column::Id)
+        .filter(subscription::Column::QueueId.eq(queue_id.as_str()))
+        .into_query();
     let referenced: Vec<String> = delivery::Entity::find()
         .select_only()
         .column(delivery::Column::EventId)
         .distinct()
+        .filter(delivery::Column::SubscriptionId.in_subquery(subscriptions))
         .filter(delivery::Column::EventId.is_in(ids.iter().copied()))
         .filter(delivery::Column::State.ne(DeliveryState::Acked.as_str()))
         .into_tuple()

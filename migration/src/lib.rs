@@ -7,6 +7,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261130_000001_initial;
 mod m20261130_000065_hot_path_indexes;
+mod m20261130_000066_event_index_without_state;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -17,6 +18,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261130_000001_initial::Migration),
             Box::new(m20261130_000065_hot_path_indexes::Migration),
+            Box::new(m20261130_000066_event_index_without_state::Migration),
         ]
     }
 }

@@ -221,11 +221,13 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
         hot(
             "journal::purge (still referenced)",
             format!(
-                "SELECT DISTINCT event_id FROM deliveries WHERE event_id IN \
+                "SELECT DISTINCT event_id FROM deliveries WHERE subscription_id IN \
+                 (SELECT id FROM subscriptions WHERE queue_id = '{queue}') AND event_id IN \
                  ('{EVENT_A}', '{EVENT_B}') AND state <> 'ACKED'"
             ),
         )
-        .sort_ok(),
+        .sort_ok()
+        .index("ux_deliveries_subscription_event"),
         hot(
             "journal::purge (delete)",
             format!("DELETE FROM result_events WHERE id IN ('{EVENT_A}', '{EVENT_B}')"),
