@@ -33,8 +33,8 @@ pub struct Materialized {
     /// `refill_after` deliveries were acknowledged (decision 0062).
     pub window_full: bool,
     /// ACKs after which a materialization of a full window is worth its
-    /// transaction: a quarter of `max_pending`, at most a quarter of a
-    /// batch, at least 1.
+    /// transaction: a quarter of `max_pending`, at most one batch
+    /// ([`MATERIALIZE_BATCH`]), at least 1 (decisions 0062, 0067).
     pub refill_after: u64,
 }
 
@@ -93,7 +93,7 @@ async fn caught_up(
 
 /// See [`Materialized::refill_after`].
 fn refill_after(max_pending: i32, batch: u64) -> u64 {
-    (u64::try_from(max_pending).unwrap_or(0) / 4).clamp(1, (batch / 4).max(1))
+    (u64::try_from(max_pending).unwrap_or(0) / 4).clamp(1, batch.max(1))
 }
 
 async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
