@@ -217,7 +217,11 @@ async fn claims_of_sessions_of_one_subscription_waiting_together_share_one_trans
     use orbit_events::delivery::pool::{GetPoolStats, HoldClaims, HoldPoint};
     use std::collections::HashSet;
 
-    let app = spawn_app().await;
+    // No fallback poll: a poll's claim that passed the hold point just
+    // before it was set would lease the new rows to one session while it
+    // waited for the writer, and only two claims would then be left to
+    // queue (wakes from the bind, the publish and the ACKs drive this test).
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
     let mut sessions = Vec::new();
