@@ -29,6 +29,7 @@ mod protocol_support;
 mod protocol_transcript;
 mod protocol_upgrade;
 mod retention;
+mod retention_scope;
 mod sdk_cli;
 mod sdk_consumer;
 mod sdk_crash;
