@@ -314,6 +314,19 @@ impl TestApp {
         row.try_get_by_index::<i64>(0).unwrap()
     }
 
+    /// The first column of every row of a query.
+    pub async fn column<T: sea_orm::TryGetable>(&self, sql: &str) -> Vec<T> {
+        let backend = self.db.reader().get_database_backend();
+        self.db
+            .reader()
+            .query_all_raw(Statement::from_string(backend, sql.to_owned()))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.try_get_by_index::<T>(0).unwrap())
+            .collect()
+    }
+
     /// The storage invariants of delivery-model.md §6.
     pub async fn assert_invariants(&self) {
         let bad_pending = self

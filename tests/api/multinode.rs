@@ -727,15 +727,13 @@ async fn a_node_killed_with_sigkill_mid_run_loses_nothing_its_leases_are_redeliv
     assert!(acked.values().all(|n| *n == 1), "a result ACKed twice");
 
     // Nothing lost: every published result has its delivery, ACKED.
-    let in_database: HashSet<String> = strings(
-        app,
-        &format!(
+    let in_database: HashSet<String> = app
+        .column::<String>(&format!(
             "SELECT event_id FROM deliveries WHERE subscription_id = '{sub_id}' AND state = 'ACKED'"
-        ),
-    )
-    .await
-    .into_iter()
-    .collect();
+        ))
+        .await
+        .into_iter()
+        .collect();
     assert_eq!(in_database, published, "every published result ACKED");
 
     // Every lease held by the dead node came back on another node, only
@@ -766,20 +764,6 @@ async fn a_node_killed_with_sigkill_mid_run_loses_nothing_its_leases_are_redeliv
         last_redelivery.duration_since(killed_at),
     ));
     app.assert_invariants().await;
-}
-
-/// The first column of every row, as text.
-async fn strings(app: &TestApp, sql: &str) -> Vec<String> {
-    use sea_orm::{ConnectionTrait, Statement};
-    let backend = app.db.reader().get_database_backend();
-    app.db
-        .reader()
-        .query_all_raw(Statement::from_string(backend, sql.to_owned()))
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.try_get_by_index::<String>(0).unwrap())
-        .collect()
 }
 
 #[actix_web::test]

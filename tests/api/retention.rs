@@ -10,7 +10,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use crate::{helpers::*, metrics::scrape, protocol_support::*};
 
 /// Runs one sweep now (after one already running); returns its report.
-async fn sweep(app: &TestApp) -> SweepReport {
+pub(crate) async fn sweep(app: &TestApp) -> SweepReport {
     let deadline = Instant::now() + DEADLINE;
     loop {
         match app.state.sweeper.send(SweepNow).await.unwrap() {
@@ -52,7 +52,9 @@ async fn delivery(app: &TestApp, cred: &Cred, sub: &str, delivery_id: &str) -> V
     res.data()["delivery"].clone()
 }
 
-async fn create_sub(app: &TestApp, cred: &Cred, extra: Value) -> String {
+/// A subscription from sequence 0 (unless `extra` says otherwise) with
+/// the fields of `extra`; returns its id.
+pub(crate) async fn create_sub(app: &TestApp, cred: &Cred, extra: Value) -> String {
     let mut body = json!({ "from_sequence": "0" });
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
@@ -165,7 +167,7 @@ async fn events_past_their_age_are_purged_except_those_still_referenced_and_the_
     assert_eq!(swept.events, 2);
     let sequences =
         format!("SELECT sequence FROM result_events WHERE queue_id = '{q}' ORDER BY sequence");
-    assert_eq!(app_scalar_list(&app, &sequences).await, vec![1, 2]);
+    assert_eq!(app.column::<i64>(&sequences).await, vec![1, 2]);
     let floor = || format!("SELECT retention_floor FROM queues WHERE id = '{q}'");
     assert_eq!(app.scalar(&floor()).await, 4);
 
@@ -204,7 +206,7 @@ async fn events_past_their_age_are_purged_except_those_still_referenced_and_the_
     ws_hold.ack(&held).await;
     let swept = sweep_until(&app, "entry 2 was purged", |r| r.events > 0).await;
     assert_eq!(swept.events, 1);
-    assert_eq!(app_scalar_list(&app, &sequences).await, vec![1]);
+    assert_eq!(app.column::<i64>(&sequences).await, vec![1]);
     assert_eq!(app.scalar(&floor()).await, 4);
 
     // Creating below the floor: 410 naming the earliest sequence.
@@ -241,20 +243,6 @@ async fn events_past_their_age_are_purged_except_those_still_referenced_and_the_
         4.0
     );
     app.assert_invariants().await;
-}
-
-/// The integers of a one-column query.
-async fn app_scalar_list(app: &TestApp, sql: &str) -> Vec<i64> {
-    use sea_orm::{ConnectionTrait, Statement};
-    let backend = app.db.reader().get_database_backend();
-    app.db
-        .reader()
-        .query_all_raw(Statement::from_string(backend, sql.to_owned()))
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.try_get_by_index::<i64>(0).unwrap())
-        .collect()
 }
 
 #[actix_web::test]

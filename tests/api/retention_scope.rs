@@ -9,65 +9,34 @@ use std::{
 };
 
 use orbit_events::{
-    delivery::sweeper::{SWEEP_RUNNING, SweepNow, SweepReport},
     domain::{QueueId, now, random_hex_id},
     journal,
 };
 use sea_orm::{ConnectionTrait, Statement};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::helpers::*;
+use crate::{
+    helpers::*,
+    protocol_support::wait_until,
+    retention::{create_sub, sweep},
+};
 
-/// No fallback poll and no background sweep: only wakes drive the scanner,
-/// and only the sweeps a test asks for run.
+/// An interval no test reaches (fallback poll, background sweep).
 const NEVER: u64 = 600_000;
 
-async fn sweep(app: &TestApp) -> SweepReport {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match app.state.sweeper.send(SweepNow).await.unwrap() {
-            Ok(report) => return report,
-            Err(e) if e == SWEEP_RUNNING && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("sweep failed: {e}"),
-        }
-    }
-}
-
-async fn sub(app: &TestApp, cred: &Cred, body: Value) -> String {
-    app.subscribe(cred, body).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
-async fn ints(app: &TestApp, sql: &str) -> Vec<i64> {
-    let backend = app.db.reader().get_database_backend();
-    app.db
-        .reader()
-        .query_all_raw(Statement::from_string(backend, sql.to_owned()))
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.try_get_by_index::<i64>(0).unwrap())
-        .collect()
+/// A node where only wakes drive the scanner (no fallback poll) and only
+/// the sweeps a test asks for run.
+async fn spawn_wake_driven_app() -> TestApp {
+    spawn_app_with(|s| {
+        s.timing.scan_interval_ms = NEVER;
+        s.timing.sweep_interval_ms = NEVER;
+    })
+    .await
 }
 
 /// Waits until `sql` (one integer) equals `want`.
 async fn wait_scalar(app: &TestApp, sql: &str, want: i64, what: &str) {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let got = app.scalar(sql).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {got} != {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(what, || async { app.scalar(sql).await == want }).await;
 }
 
 fn sequences(q: &str) -> String {
@@ -148,20 +117,20 @@ async fn retention_keeps_every_entry_a_pending_leased_or_expired_delivery_of_any
     assert_ne!(a.queue_id, b.queue_id);
     let q = a.queue_id.clone();
 
-    let acks_all = sub(&app, &a, json!({ "from_sequence": "0" })).await;
-    let pending = sub(
+    let acks_all = create_sub(&app, &a, json!({ "from_sequence": "0" })).await;
+    let pending = create_sub(
         &app,
         &a2,
         json!({ "from_sequence": "0", "types": ["task.cancelled"] }),
     )
     .await;
-    let expired = sub(
+    let expired = create_sub(
         &app,
         &a,
         json!({ "from_sequence": "0", "types": ["task.needs_review"], "max_attempts": 1 }),
     )
     .await;
-    let leased = sub(
+    let leased = create_sub(
         &app,
         &a2,
         json!({ "from_sequence": "0", "types": ["task.failed"] }),
@@ -222,7 +191,7 @@ async fn retention_keeps_every_entry_a_pending_leased_or_expired_delivery_of_any
     assert_eq!(res.status, 200, "{:#}", res.body);
 
     // Created from sequence 4: its deliveries start at 5.
-    let from4 = sub(
+    let from4 = create_sub(
         &app,
         &a,
         json!({ "from_sequence": "4", "types": ["task.succeeded"] }),
@@ -246,7 +215,7 @@ async fn retention_keeps_every_entry_a_pending_leased_or_expired_delivery_of_any
     }
 
     // The other queue: one LEASED and one PENDING delivery.
-    let in_b = sub(&app, &b, json!({ "from_sequence": "0" })).await;
+    let in_b = create_sub(&app, &b, json!({ "from_sequence": "0" })).await;
     let mut ws_b = app.bind(&b.token, &in_b, 1).await;
     app.publish(
         &b,
@@ -274,7 +243,7 @@ async fn retention_keeps_every_entry_a_pending_leased_or_expired_delivery_of_any
     );
     assert_eq!(purged, 2, "only 4 and 7 are referenced by ACKED rows alone");
     assert_eq!(floor_a, 7);
-    assert_eq!(ints(&app, &sequences(&q)).await, vec![1, 2, 3, 5, 6]);
+    assert_eq!(app.column::<i64>(&sequences(&q)).await, vec![1, 2, 3, 5, 6]);
     assert_eq!(app.scalar(&floor(&q)).await, 7);
 
     let (purged_b, floor_b, states_b) = purge_all_due(&app, &b.queue_id).await;
@@ -285,7 +254,7 @@ async fn retention_keeps_every_entry_a_pending_leased_or_expired_delivery_of_any
     );
     assert_eq!(purged_b, 0);
     assert_eq!(floor_b, 0);
-    assert_eq!(ints(&app, &sequences(&b.queue_id)).await, vec![1, 2]);
+    assert_eq!(app.column::<i64>(&sequences(&b.queue_id)).await, vec![1, 2]);
 
     // Once ACKED, 2, 5 and 6 go through the sweeper; 1 and 3 stay and the
     // floor stays at the highest purged sequence.
@@ -302,9 +271,9 @@ async fn retention_keeps_every_entry_a_pending_leased_or_expired_delivery_of_any
         swept += sweep(&app).await.events;
     }
     assert_eq!(swept, 3);
-    assert_eq!(ints(&app, &sequences(&q)).await, vec![1, 3]);
+    assert_eq!(app.column::<i64>(&sequences(&q)).await, vec![1, 3]);
     assert_eq!(app.scalar(&floor(&q)).await, 7);
-    assert_eq!(ints(&app, &sequences(&b.queue_id)).await, vec![1, 2]);
+    assert_eq!(app.column::<i64>(&sequences(&b.queue_id)).await, vec![1, 2]);
     app.assert_invariants().await;
 }
 
@@ -369,11 +338,7 @@ async fn consume_all(
 #[actix_web::test]
 async fn every_result_is_delivered_and_acked_without_a_stall_when_the_backlog_is_larger_than_a_small_max_pending_window()
  {
-    let app = spawn_app_with(|s| {
-        s.timing.scan_interval_ms = NEVER;
-        s.timing.sweep_interval_ms = NEVER;
-    })
-    .await;
+    let app = spawn_wake_driven_app().await;
     let cred = app.bootstrap().await;
     let q = cred.queue_id.clone();
     // (max_pending, sessions, capacity)
@@ -392,7 +357,7 @@ async fn every_result_is_delivered_and_acked_without_a_stall_when_the_backlog_is
     let mut subs = Vec::new();
     for (max_pending, _, _) in configs {
         subs.push(
-            sub(
+            create_sub(
                 &app,
                 &cred,
                 json!({ "from_sequence": "0", "max_pending": max_pending }),
@@ -441,15 +406,11 @@ async fn every_result_is_delivered_and_acked_without_a_stall_when_the_backlog_is
 #[actix_web::test]
 async fn a_full_window_larger_than_a_quarter_batch_is_refilled_and_every_result_is_acked_without_a_stall()
  {
-    let app = spawn_app_with(|s| {
-        s.timing.scan_interval_ms = NEVER;
-        s.timing.sweep_interval_ms = NEVER;
-    })
-    .await;
+    let app = spawn_wake_driven_app().await;
     let cred = app.bootstrap().await;
     let q = cred.queue_id.clone();
     // refill_after = 300 / 4 = 75, above the former cap of 64.
-    let s = sub(
+    let s = create_sub(
         &app,
         &cred,
         json!({ "from_sequence": "0", "max_pending": 300 }),
@@ -485,7 +446,7 @@ async fn the_migration_dropping_the_event_index_applies_on_a_database_holding_de
     let app = spawn_app_with(|s| s.timing.sweep_interval_ms = NEVER).await;
     let cred = app.bootstrap().await;
     let q = cred.queue_id.clone();
-    let s = sub(&app, &cred, json!({ "from_sequence": "0" })).await;
+    let s = create_sub(&app, &cred, json!({ "from_sequence": "0" })).await;
     let mut ws = app.bind(&cred.token, &s, 4).await;
     app.publish(
         &cred,
