@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use entity::{delivery, subscription};
 use sea_orm::{
-    ColumnTrait, Condition, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
-    QuerySelect, sea_query::Expr,
+    ColumnTrait, Condition, DatabaseTransaction, DbBackend, DbErr, EntityTrait, ExprTrait,
+    QueryFilter, QueryOrder, QuerySelect, sea_query::Expr,
 };
 
 use crate::{
@@ -211,12 +211,23 @@ async fn write_acks_once(
     candidates: &[usize],
     at: Timestamp,
 ) -> Result<HashMap<String, String>, DbErr> {
-    let txn = db.begin_write().await?;
+    db.write(async |txn| write_acks_in(txn, db.backend(), requests, candidates, at).await)
+        .await
+}
+
+/// The statements of [`write_acks_once`], inside `txn`.
+async fn write_acks_in(
+    txn: &DatabaseTransaction,
+    backend: DbBackend,
+    requests: &[AckRequest],
+    candidates: &[usize],
+    at: Timestamp,
+) -> Result<HashMap<String, String>, DbErr> {
     let ids: Vec<&str> = candidates
         .iter()
         .map(|&i| requests[i].proof.delivery_id.as_str())
         .collect();
-    if db.backend() == DbBackend::Postgres {
+    if backend == DbBackend::Postgres {
         // Row locks in id order: batches of two nodes never wait on each
         // other in a cycle.
         let _: Vec<String> = lock_for_update(
@@ -228,7 +239,7 @@ async fn write_acks_once(
             DbBackend::Postgres,
         )
         .into_tuple()
-        .all(&txn)
+        .all(txn)
         .await?;
     }
     let mut at_epoch = Condition::any();
@@ -261,10 +272,9 @@ async fn write_acks_once(
         )
         .filter(at_epoch)
         .filter(delivery::Column::State.ne(DeliveryState::Acked.as_str()))
-        .exec_with_returning(&txn)
+        .exec_with_returning(txn)
         .await?;
     if acked.is_empty() {
-        drop(txn);
         return Ok(HashMap::new());
     }
 
@@ -282,7 +292,7 @@ async fn write_acks_once(
                 Expr::col(subscription::Column::PendingCount).sub(n),
             )
             .filter(subscription::Column::Id.eq(subscription_id))
-            .exec(&txn)
+            .exec(txn)
             .await?;
     }
     let actors: HashMap<&str, &AuditActor> = candidates
@@ -306,8 +316,7 @@ async fn write_acks_once(
             },
         ));
     }
-    audit::record_many(&txn, entries).await?;
-    txn.commit().await?;
+    audit::record_many(txn, entries).await?;
     Ok(acked.into_iter().map(|r| (r.id, r.event_id)).collect())
 }
 

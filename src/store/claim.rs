@@ -115,14 +115,15 @@ pub async fn claim_batch_after(
     lease: Duration,
     pause: impl Future<Output = ()>,
 ) -> Result<Vec<ClaimOutcome>, DbErr> {
-    let txn = db.begin_write().await?;
-    pause.await;
-    let mut outcomes = Vec::with_capacity(claims.len());
-    for group in claims.chunk_by(|a, b| a.0.subscription_id == b.0.subscription_id) {
-        outcomes.extend(claim_in(&txn, db.backend(), group, lease).await?);
-    }
-    txn.commit().await?;
-    Ok(outcomes)
+    db.write(async |txn| {
+        pause.await;
+        let mut outcomes = Vec::with_capacity(claims.len());
+        for group in claims.chunk_by(|a, b| a.0.subscription_id == b.0.subscription_id) {
+            outcomes.extend(claim_in(txn, db.backend(), group, lease).await?);
+        }
+        Ok(outcomes)
+    })
+    .await
 }
 
 /// The claims `claims`, all of one subscription, inside `txn`.

@@ -55,10 +55,8 @@ pub async fn materialize(
     if let Some(outcome) = caught_up(db, subscription_id).await? {
         return Ok(outcome);
     }
-    let txn = db.begin_write().await?;
-    let outcome = materialize_in(&txn, subscription_id, MATERIALIZE_BATCH).await?;
-    txn.commit().await?;
-    Ok(outcome)
+    db.write(async |txn| materialize_in(txn, subscription_id, MATERIALIZE_BATCH).await)
+        .await
 }
 
 /// `Some` when a write transaction would find nothing to read: the

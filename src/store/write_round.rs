@@ -1,0 +1,438 @@
+//! Write rounds on SQLite: the hot write transactions of a node share one
+//! commit (decision 0068).
+//!
+//! SQLite has one writer, so an ACK batch, a claim and a materialization
+//! that want to write at the same moment used to run one after the other,
+//! each with its own `BEGIN IMMEDIATE … COMMIT` and so its own fsync, and
+//! each waited for the others' commits before it could begin. A round runs
+//! them back to back in one transaction instead: whoever comes while a
+//! round is open takes a seat in it, runs its statements in turn, and the
+//! round commits once every seated member is done.
+//!
+//! - Nothing is answered before its commit: [`Rounds::run`] returns a
+//!   member's answer only after the round's `COMMIT` succeeded.
+//! - `Err` from `run` means nothing of that member was written. A member
+//!   that fails (or is dropped half way, its task cancelled) spoils the
+//!   round: members after it do not run, the round rolls back, and every
+//!   member gets an error. No savepoint is used to spare the others: after
+//!   some errors (a full disk, an I/O error) SQLite has already rolled the
+//!   whole transaction back, and a later member's statements would then
+//!   commit on their own while its caller hears of a failure. The callers
+//!   of the hot paths retry each request alone after a failed batch
+//!   (decisions 0060, 0061), so a spoiled round costs time, never an
+//!   outcome.
+//! - A round that cannot begin or commit fails every member with that
+//!   error (the whole transaction was rolled back).
+//! - A round seats at most [`MAX_SEATS`] members, so a steady stream of
+//!   newcomers never keeps it from committing.
+//! - Alone, a member goes through at once: a round begins as soon as the
+//!   previous round has committed and closes as soon as its members are
+//!   done, so grouping costs no waiting.
+
+use std::sync::{
+    Arc, Mutex, PoisonError,
+    atomic::{AtomicU64, Ordering},
+};
+
+use sea_orm::{DatabaseTransaction, DbErr};
+use tokio::sync::{Notify, watch};
+
+use super::Database;
+
+/// Members of one round at most.
+pub const MAX_SEATS: usize = 32;
+
+/// The rounds of one SQLite database (one per [`Database`]).
+#[derive(Debug, Default)]
+pub(super) struct Rounds {
+    /// The round newcomers join while it admits them.
+    current: Mutex<Option<Arc<Round>>>,
+    /// Held by a round from its `BEGIN` to its `COMMIT`: one at a time.
+    writer: Arc<tokio::sync::Mutex<()>>,
+    /// Rounds started so far.
+    started: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Round {
+    seats: Mutex<Seats>,
+    /// The round's transaction; a member holds the lock while its
+    /// statements run, so members never interleave.
+    txn: tokio::sync::Mutex<Option<DatabaseTransaction>>,
+    phase: watch::Sender<Phase>,
+    /// Signalled when a member leaves its seat.
+    left: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Seats {
+    taken: usize,
+    left: usize,
+    /// True once the round began to commit (or failed to begin).
+    closed: bool,
+    /// A member failed or was dropped half way: roll back.
+    spoiled: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Waiting for the previous round's commit.
+    Forming,
+    /// The transaction began; members run.
+    Open,
+    /// Committed (`Ok`), or failed to begin or commit (`Err`).
+    Done(Result<(), DbErr>),
+}
+
+impl Rounds {
+    /// Runs `body` as a member of the current round (or of a new one) on
+    /// `db`'s writer; see the module documentation for the guarantees.
+    pub(super) async fn run<T, F>(&self, db: &Database, body: F) -> Result<T, DbErr>
+    where
+        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, DbErr>,
+    {
+        let mut seat = self.take_seat(db);
+        let round = seat.round.clone();
+        let mut phase = round.phase.subscribe();
+        let opened = phase
+            .wait_for(|p| !matches!(p, Phase::Forming))
+            .await
+            .map(|p| p.clone());
+        match opened {
+            Ok(Phase::Open) => {}
+            Ok(Phase::Done(Err(err))) => return Err(err),
+            _ => return Err(abandoned()),
+        }
+        let answer = {
+            let txn = round.txn.lock().await;
+            match txn.as_ref() {
+                Some(txn) if !round.spoiled() => body(txn).await,
+                _ => Err(spoiled()),
+            }
+        };
+        seat.leave(answer.is_err());
+        // Even a member that failed waits for the round's end: once it
+        // answers, its statements are rolled back.
+        let done = phase
+            .wait_for(|p| matches!(p, Phase::Done(_)))
+            .await
+            .map(|p| p.clone());
+        let answer = answer?;
+        match done {
+            Ok(Phase::Done(Ok(()))) => Ok(answer),
+            Ok(Phase::Done(Err(err))) => Err(err),
+            _ => Err(abandoned()),
+        }
+    }
+
+    /// Rounds started so far (each one `BEGIN`, at most one `COMMIT`).
+    pub(super) fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
+    }
+
+    /// A seat in the round that admits newcomers, or in a new round whose
+    /// driver starts now and begins once the writer is free.
+    fn take_seat(&self, db: &Database) -> Seat {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(round) = current.as_ref() {
+            let mut seats = round.seats.lock().unwrap_or_else(PoisonError::into_inner);
+            if !seats.closed && !seats.spoiled && seats.taken < MAX_SEATS {
+                seats.taken += 1;
+                drop(seats);
+                return Seat {
+                    round: round.clone(),
+                    seated: true,
+                };
+            }
+        }
+        let round = Arc::new(Round {
+            seats: Mutex::new(Seats {
+                taken: 1,
+                ..Seats::default()
+            }),
+            txn: tokio::sync::Mutex::new(None),
+            phase: watch::Sender::new(Phase::Forming),
+            left: Notify::new(),
+        });
+        *current = Some(round.clone());
+        self.started.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(drive(round.clone(), db.clone(), self.writer.clone()));
+        Seat {
+            round,
+            seated: true,
+        }
+    }
+}
+
+/// A member's place in a round; leaving it (also by being dropped) lets
+/// the round commit once everyone has left.
+struct Seat {
+    round: Arc<Round>,
+    seated: bool,
+}
+
+impl Seat {
+    /// Leaves the seat once; `failed` spoils the round.
+    fn leave(&mut self, failed: bool) {
+        if std::mem::take(&mut self.seated) {
+            let mut seats = self
+                .round
+                .seats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            seats.left += 1;
+            seats.spoiled |= failed;
+            drop(seats);
+            self.round.left.notify_one();
+        }
+    }
+}
+
+impl Drop for Seat {
+    /// A member dropped before it left ran part of its statements at most.
+    fn drop(&mut self) {
+        self.leave(true);
+    }
+}
+
+impl Round {
+    fn spoiled(&self) -> bool {
+        self.seats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .spoiled
+    }
+}
+
+/// Begins the round once the writer is free, lets its members run, then
+/// closes it and commits when every seated member has left.
+async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<()>>) {
+    // Dropped with this task (its runtime stopped): newcomers then start a
+    // new round instead of waiting for this one.
+    let closer = CloseOnDrop(&round);
+    let _writer = writer.lock_owned().await;
+    match db.begin_immediate().await {
+        Ok(txn) => *round.txn.lock().await = Some(txn),
+        Err(err) => {
+            drop(closer);
+            round.phase.send_replace(Phase::Done(Err(err)));
+            return;
+        }
+    }
+    round.phase.send_replace(Phase::Open);
+    let rolled_back = loop {
+        let left = round.left.notified();
+        {
+            let mut seats = round.seats.lock().unwrap_or_else(PoisonError::into_inner);
+            if seats.left == seats.taken {
+                seats.closed = true;
+                break seats.spoiled;
+            }
+        }
+        left.await;
+    };
+    let txn = round.txn.lock().await.take();
+    let outcome = match txn {
+        Some(txn) if !rolled_back => txn.commit().await,
+        Some(txn) => match txn.rollback().await {
+            Ok(()) => Err(spoiled()),
+            Err(err) => Err(err),
+        },
+        None => Err(abandoned()),
+    };
+    round.phase.send_replace(Phase::Done(outcome));
+    drop(closer);
+}
+
+struct CloseOnDrop<'a>(&'a Round);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0
+            .seats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closed = true;
+    }
+}
+
+fn spoiled() -> DbErr {
+    DbErr::Custom(
+        "another write of the same transaction failed; nothing of this one was written".to_owned(),
+    )
+}
+
+fn abandoned() -> DbErr {
+    DbErr::Custom("the write round was abandoned before its commit".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{ConnectionTrait, DbErr, Statement};
+    use tokio::sync::oneshot;
+
+    use crate::config::DatabaseSettings;
+    use crate::store::{Database, execute_unprepared};
+
+    async fn database(dir: &tempfile::TempDir) -> Database {
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("w.db").display());
+        let db = Database::connect(&DatabaseSettings {
+            url,
+            max_connections: 4,
+        })
+        .await
+        .unwrap();
+        let txn = db.begin_write().await.unwrap();
+        execute_unprepared(&txn, "CREATE TABLE t (name TEXT NOT NULL)")
+            .await
+            .unwrap();
+        txn.commit().await.unwrap();
+        db
+    }
+
+    async fn insert<C: ConnectionTrait>(conn: &C, name: &str) -> Result<(), DbErr> {
+        execute_unprepared(conn, &format!("INSERT INTO t (name) VALUES ('{name}')")).await
+    }
+
+    async fn names<C: ConnectionTrait>(conn: &C) -> Vec<String> {
+        let rows = conn
+            .query_all_raw(Statement::from_string(
+                conn.get_database_backend(),
+                "SELECT name FROM t ORDER BY name",
+            ))
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.try_get::<String>("", "name").unwrap())
+            .collect()
+    }
+
+    /// A first write that stays inside its round until `release` fires,
+    /// once it has inserted `a`.
+    fn held_write(
+        db: &Database,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), DbErr>>,
+        oneshot::Sender<()>,
+        oneshot::Receiver<()>,
+    ) {
+        let (release, released) = oneshot::channel::<()>();
+        let (inserted, has_inserted) = oneshot::channel::<()>();
+        let db = db.clone();
+        let first = tokio::spawn(async move {
+            db.write(async |txn| {
+                insert(txn, "a").await?;
+                let _ = inserted.send(());
+                let _ = released.await;
+                Ok(())
+            })
+            .await
+        });
+        (first, release, has_inserted)
+    }
+
+    /// Lets every spawned task run until it waits (one thread: FIFO).
+    async fn let_others_run() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_that_come_while_a_round_is_open_share_its_transaction_and_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        let (first, release, inserted) = held_write(&db);
+        inserted.await.unwrap();
+        let second = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                db.write(async |txn| {
+                    // The first write's row, not yet committed: the same
+                    // transaction.
+                    let seen = names(txn).await;
+                    insert(txn, "b").await?;
+                    Ok(seen)
+                })
+                .await
+            })
+        };
+        let_others_run().await;
+        // Nothing is committed while a member still runs.
+        assert!(names(db.reader()).await.is_empty());
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        assert_eq!(second.await.unwrap().unwrap(), vec!["a".to_owned()]);
+        assert_eq!(names(db.reader()).await, vec!["a", "b"]);
+        assert_eq!(db.write_rounds_started(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lone_write_commits_before_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        db.write(async |txn| insert(txn, "a").await).await.unwrap();
+        assert_eq!(names(db.reader()).await, vec!["a"]);
+        db.write(async |txn| insert(txn, "b").await).await.unwrap();
+        assert_eq!(names(db.reader()).await, vec!["a", "b"]);
+        assert_eq!(db.write_rounds_started(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failed_member_rolls_back_its_whole_round_and_every_member_gets_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        let (first, release, inserted) = held_write(&db);
+        inserted.await.unwrap();
+        let failing = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                db.write(async |txn| {
+                    insert(txn, "b").await?;
+                    Err::<(), _>(DbErr::Custom("rejected".to_owned()))
+                })
+                .await
+            })
+        };
+        let_others_run().await;
+        release.send(()).unwrap();
+        let first = first.await.unwrap().unwrap_err();
+        assert!(
+            first
+                .to_string()
+                .contains("nothing of this one was written"),
+            "{first}"
+        );
+        let failing = failing.await.unwrap().unwrap_err();
+        assert!(failing.to_string().contains("rejected"), "{failing}");
+        assert!(names(db.reader()).await.is_empty());
+        // The next round is a fresh transaction.
+        db.write(async |txn| insert(txn, "c").await).await.unwrap();
+        assert_eq!(names(db.reader()).await, vec!["c"]);
+    }
+
+    #[tokio::test]
+    async fn a_member_dropped_half_way_spoils_its_round_and_the_next_round_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        let (first, _release, inserted) = held_write(&db);
+        inserted.await.unwrap();
+        let second = {
+            let db = db.clone();
+            tokio::spawn(async move { db.write(async |txn| insert(txn, "b").await).await })
+        };
+        let_others_run().await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        let second = second.await.unwrap().unwrap_err();
+        assert!(
+            second
+                .to_string()
+                .contains("nothing of this one was written"),
+            "{second}"
+        );
+        assert!(names(db.reader()).await.is_empty());
+        db.write(async |txn| insert(txn, "c").await).await.unwrap();
+        assert_eq!(names(db.reader()).await, vec!["c"]);
+    }
+}
