@@ -152,15 +152,18 @@ impl Database {
 
     /// Runs `body` in a write transaction and returns its answer once that
     /// transaction committed; `Err`: nothing of `body` was written (its own
-    /// error, or the failed `BEGIN`/`COMMIT`). On SQLite `body` may share
+    /// error `E`, or the failed `BEGIN`/`COMMIT`). A body that returns
+    /// `Err` has its statements rolled back, so `E` can also carry "undo
+    /// this" answers that are not database errors. On SQLite `body` may share
     /// the transaction and its commit with other writes that come at the
     /// same time (a write round, decision 0068): `body` must not wait for
     /// another write, and should keep to its own rows and statements. On
     /// PostgreSQL it is a transaction of its own. The hot paths (ACK
-    /// batches, claims, materialization) write through here.
-    pub async fn write<T, F>(&self, body: F) -> Result<T, DbErr>
+    /// batches, claims, materialization, publishes) write through here.
+    pub async fn write<T, E, F>(&self, body: F) -> Result<T, E>
     where
-        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, DbErr>,
+        E: From<DbErr>,
+        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
     {
         if let Some(rounds) = &self.rounds {
             return rounds.run(self, body).await;

@@ -3,11 +3,11 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use sea_orm::DbErr;
+use sea_orm::{DatabaseTransaction, DbErr};
 use serde_json::Value;
 
 use crate::{
-    domain::{EventId, QueueId, now},
+    domain::{EventId, QueueId, Timestamp, now},
     error::{Error, Result},
     journal::{self, NewResult},
     store::{
@@ -64,10 +64,39 @@ pub async fn publish_batch(
     render: RenderPublished,
 ) -> Result<Option<Vec<Option<Result<Published>>>>, DbErr> {
     let t = now();
-    let txn = db.begin_write().await?;
-    let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
-    let live = idempotency::live_records(&txn, &identities, t).await?;
+    let written = db
+        .write(async |txn| publish_in(txn, requests, ttl, render, t).await)
+        .await;
+    match written {
+        Ok(outcomes) => Ok(Some(outcomes)),
+        Err(Undone::KeyRecordedMeanwhile) => Ok(None),
+        Err(Undone::Failed(err)) => Err(err),
+    }
+}
 
+/// Why [`publish_in`] wrote nothing.
+enum Undone {
+    /// A concurrent transaction recorded one of the keys (PostgreSQL).
+    KeyRecordedMeanwhile,
+    Failed(DbErr),
+}
+
+impl From<DbErr> for Undone {
+    fn from(err: DbErr) -> Self {
+        Undone::Failed(err)
+    }
+}
+
+/// The statements of [`publish_batch`], inside `txn`.
+async fn publish_in(
+    txn: &DatabaseTransaction,
+    requests: &[PublishRequest],
+    ttl: Duration,
+    render: RenderPublished,
+    t: Timestamp,
+) -> std::result::Result<Vec<Option<Result<Published>>>, Undone> {
+    let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
+    let live = idempotency::live_records(txn, &identities, t).await?;
     let mut outcomes: Vec<Option<Result<Published>>> = vec![None; requests.len()];
     let mut seen = HashSet::new();
     let mut fresh = Vec::new();
@@ -96,7 +125,7 @@ pub async fn publish_batch(
         .iter()
         .map(|&i| (&requests[i].queue_id, requests[i].results.as_slice()))
         .collect();
-    let appended = journal::append_many(&txn, &appends, t).await?;
+    let appended = journal::append_many(txn, &appends, t).await?;
     let mut finished = Vec::with_capacity(fresh.len());
     for (&i, events) in fresh.iter().zip(appended) {
         match events {
@@ -115,13 +144,11 @@ pub async fn publish_batch(
         .iter()
         .map(|(i, data)| (&requests[*i].identity, 201, data))
         .collect();
-    let inserted = idempotency::insert_finished(&txn, &records, t, t.plus(ttl)).await?;
+    let inserted = idempotency::insert_finished(txn, &records, t, t.plus(ttl)).await?;
     if inserted != records.len() as u64 {
-        txn.rollback().await?;
-        return Ok(None);
+        return Err(Undone::KeyRecordedMeanwhile);
     }
-    txn.commit().await?;
-    Ok(Some(outcomes))
+    Ok(outcomes)
 }
 
 /// One outcome per request, in order ([`publish_batch`], then the repeats

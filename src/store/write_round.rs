@@ -87,9 +87,10 @@ enum Phase {
 impl Rounds {
     /// Runs `body` as a member of the current round (or of a new one) on
     /// `db`'s writer; see the module documentation for the guarantees.
-    pub(super) async fn run<T, F>(&self, db: &Database, body: F) -> Result<T, DbErr>
+    pub(super) async fn run<T, E, F>(&self, db: &Database, body: F) -> Result<T, E>
     where
-        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, DbErr>,
+        E: From<DbErr>,
+        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
     {
         let mut seat = self.take_seat(db);
         let round = seat.round.clone();
@@ -100,14 +101,14 @@ impl Rounds {
             .map(|p| p.clone());
         match opened {
             Ok(Phase::Open) => {}
-            Ok(Phase::Done(Err(err))) => return Err(err),
-            _ => return Err(abandoned()),
+            Ok(Phase::Done(Err(err))) => return Err(err.into()),
+            _ => return Err(abandoned().into()),
         }
         let answer = {
             let txn = round.txn.lock().await;
             match txn.as_ref() {
                 Some(txn) if !round.spoiled() => body(txn).await,
-                _ => Err(spoiled()),
+                _ => Err(spoiled().into()),
             }
         };
         seat.leave(answer.is_err());
@@ -120,8 +121,8 @@ impl Rounds {
         let answer = answer?;
         match done {
             Ok(Phase::Done(Ok(()))) => Ok(answer),
-            Ok(Phase::Done(Err(err))) => Err(err),
-            _ => Err(abandoned()),
+            Ok(Phase::Done(Err(err))) => Err(err.into()),
+            _ => Err(abandoned().into()),
         }
     }
 
@@ -320,7 +321,7 @@ mod tests {
         let (inserted, has_inserted) = oneshot::channel::<()>();
         let db = db.clone();
         let first = tokio::spawn(async move {
-            db.write(async |txn| {
+            db.write::<_, DbErr, _>(async |txn| {
                 insert(txn, "a").await?;
                 let _ = inserted.send(());
                 let _ = released.await;
@@ -347,7 +348,7 @@ mod tests {
         let second = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write(async |txn| {
+                db.write::<_, DbErr, _>(async |txn| {
                     // The first write's row, not yet committed: the same
                     // transaction.
                     let seen = names(txn).await;
@@ -371,9 +372,13 @@ mod tests {
     async fn a_lone_write_commits_before_it_answers() {
         let dir = tempfile::tempdir().unwrap();
         let db = database(&dir).await;
-        db.write(async |txn| insert(txn, "a").await).await.unwrap();
+        db.write::<_, DbErr, _>(async |txn| insert(txn, "a").await)
+            .await
+            .unwrap();
         assert_eq!(names(db.reader()).await, vec!["a"]);
-        db.write(async |txn| insert(txn, "b").await).await.unwrap();
+        db.write::<_, DbErr, _>(async |txn| insert(txn, "b").await)
+            .await
+            .unwrap();
         assert_eq!(names(db.reader()).await, vec!["a", "b"]);
         assert_eq!(db.write_rounds_started(), 2);
     }
@@ -387,7 +392,7 @@ mod tests {
         let failing = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write(async |txn| {
+                db.write::<_, DbErr, _>(async |txn| {
                     insert(txn, "b").await?;
                     Err::<(), _>(DbErr::Custom("rejected".to_owned()))
                 })
@@ -407,7 +412,9 @@ mod tests {
         assert!(failing.to_string().contains("rejected"), "{failing}");
         assert!(names(db.reader()).await.is_empty());
         // The next round is a fresh transaction.
-        db.write(async |txn| insert(txn, "c").await).await.unwrap();
+        db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await)
+            .await
+            .unwrap();
         assert_eq!(names(db.reader()).await, vec!["c"]);
     }
 
@@ -419,7 +426,10 @@ mod tests {
         inserted.await.unwrap();
         let second = {
             let db = db.clone();
-            tokio::spawn(async move { db.write(async |txn| insert(txn, "b").await).await })
+            tokio::spawn(async move {
+                db.write::<_, DbErr, _>(async |txn| insert(txn, "b").await)
+                    .await
+            })
         };
         let_others_run().await;
         first.abort();
@@ -432,7 +442,9 @@ mod tests {
             "{second}"
         );
         assert!(names(db.reader()).await.is_empty());
-        db.write(async |txn| insert(txn, "c").await).await.unwrap();
+        db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await)
+            .await
+            .unwrap();
         assert_eq!(names(db.reader()).await, vec!["c"]);
     }
 }
