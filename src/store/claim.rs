@@ -115,8 +115,12 @@ pub async fn claim_batch_after(
     lease: Duration,
     pause: impl Future<Output = ()>,
 ) -> Result<Vec<ClaimOutcome>, DbErr> {
+    // Only the first run pauses (a member spoiled by another runs again).
+    let mut pause = Some(pause);
     db.write(async |txn| {
-        pause.await;
+        if let Some(pause) = pause.take() {
+            pause.await;
+        }
         let mut outcomes = Vec::with_capacity(claims.len());
         for group in claims.chunk_by(|a, b| a.0.subscription_id == b.0.subscription_id) {
             outcomes.extend(claim_in(txn, db.backend(), group, lease).await?);

@@ -157,13 +157,15 @@ impl Database {
     /// this" answers that are not database errors. On SQLite `body` may share
     /// the transaction and its commit with other writes that come at the
     /// same time (a write round, decision 0068): `body` must not wait for
-    /// another write, and should keep to its own rows and statements. On
+    /// another write, and should keep to its own rows and statements; if
+    /// another write of its round fails, `body` runs a second time, alone
+    /// in a transaction of its own (so it must be safe to run again). On
     /// PostgreSQL it is a transaction of its own. The hot paths (ACK
     /// batches, claims, materialization, publishes) write through here.
-    pub async fn write<T, E, F>(&self, body: F) -> Result<T, E>
+    pub async fn write<T, E, F>(&self, mut body: F) -> Result<T, E>
     where
         E: From<DbErr>,
-        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
+        F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
     {
         if let Some(rounds) = &self.rounds {
             return rounds.run(self, body).await;
@@ -177,6 +179,13 @@ impl Database {
     /// Write rounds started so far on SQLite (0 on PostgreSQL).
     pub fn write_rounds_started(&self) -> u64 {
         self.rounds.as_ref().map_or(0, |r| r.started())
+    }
+
+    /// SQLite: members seated in the write round that still admits
+    /// newcomers, 0 when none does (always 0 on PostgreSQL). For tests that
+    /// need writes to meet in one round.
+    pub fn write_round_seated(&self) -> usize {
+        self.rounds.as_ref().map_or(0, |r| r.seated())
     }
 
     async fn begin_immediate(&self) -> Result<DatabaseTransaction, DbErr> {

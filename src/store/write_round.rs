@@ -1,10 +1,11 @@
 //! Write rounds on SQLite: the hot write transactions of a node share one
 //! commit (decision 0068).
 //!
-//! SQLite has one writer, so an ACK batch, a claim and a materialization
-//! that want to write at the same moment used to run one after the other,
-//! each with its own `BEGIN IMMEDIATE … COMMIT` and so its own fsync, and
-//! each waited for the others' commits before it could begin. A round runs
+//! SQLite has one writer, so the ACK batches, claims, materializations and
+//! publish batches that wanted to write at the same moment used to run one
+//! after the other, each with its own `BEGIN IMMEDIATE … COMMIT` and so
+//! its own fsync, and each waited for the others' commits before it could
+//! begin. A round runs
 //! them back to back in one transaction instead: whoever comes while a
 //! round is open takes a seat in it, runs its statements in turn, and the
 //! round commits once every seated member is done.
@@ -13,16 +14,21 @@
 //!   member's answer only after the round's `COMMIT` succeeded.
 //! - `Err` from `run` means nothing of that member was written. A member
 //!   that fails (or is dropped half way, its task cancelled) spoils the
-//!   round: members after it do not run, the round rolls back, and every
-//!   member gets an error. No savepoint is used to spare the others: after
-//!   some errors (a full disk, an I/O error) SQLite has already rolled the
-//!   whole transaction back, and a later member's statements would then
-//!   commit on their own while its caller hears of a failure. The callers
-//!   of the hot paths retry each request alone after a failed batch
-//!   (decisions 0060, 0061), so a spoiled round costs time, never an
-//!   outcome.
+//!   round: members after it do not run and the round rolls back. The
+//!   failed member gets its own error; every other member runs its body
+//!   again, alone in a transaction of its own, and answers that outcome,
+//!   so one member's failure never becomes another's (a spoiled round
+//!   costs time, never an outcome: a batch of one ACK is not retried by
+//!   its caller). No savepoint is used to spare the others: after some
+//!   errors (a full disk, an I/O error) SQLite has already rolled the whole
+//!   transaction back, and a later member's statements would then commit
+//!   on their own while its caller hears of a failure.
 //! - A round that cannot begin or commit fails every member with that
 //!   error (the whole transaction was rolled back).
+//! - A round whose driver task is dropped (its runtime stopped) answers
+//!   its remaining members an error instead of leaving them waiting; only
+//!   if that happened during its `COMMIT` is the outcome unknown (as when
+//!   the process dies there).
 //! - A round seats at most [`MAX_SEATS`] members, so a steady stream of
 //!   newcomers never keeps it from committing.
 //! - Alone, a member goes through at once: a round begins as soon as the
@@ -80,55 +86,87 @@ enum Phase {
     Forming,
     /// The transaction began; members run.
     Open,
-    /// Committed (`Ok`), or failed to begin or commit (`Err`).
+    /// Committed (`Ok`), or failed to begin or commit, or rolled back
+    /// (`Err`).
     Done(Result<(), DbErr>),
+    /// Its driver was dropped before the round ended (the runtime it ran
+    /// on stopped): nobody will commit it.
+    Abandoned,
 }
 
 impl Rounds {
     /// Runs `body` as a member of the current round (or of a new one) on
-    /// `db`'s writer; see the module documentation for the guarantees.
-    pub(super) async fn run<T, E, F>(&self, db: &Database, body: F) -> Result<T, E>
+    /// `db`'s writer; see the module documentation for the guarantees. A
+    /// member whose round another member spoiled runs `body` again, alone
+    /// in a transaction of its own.
+    pub(super) async fn run<T, E, F>(&self, db: &Database, mut body: F) -> Result<T, E>
     where
         E: From<DbErr>,
-        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
+        F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
     {
-        let mut seat = self.take_seat(db);
-        let round = seat.round.clone();
-        let mut phase = round.phase.subscribe();
-        let opened = phase
-            .wait_for(|p| !matches!(p, Phase::Forming))
-            .await
-            .map(|p| p.clone());
-        match opened {
-            Ok(Phase::Open) => {}
-            Ok(Phase::Done(Err(err))) => return Err(err.into()),
-            _ => return Err(abandoned().into()),
-        }
-        let answer = {
-            let txn = round.txn.lock().await;
-            match txn.as_ref() {
-                Some(txn) if !round.spoiled() => body(txn).await,
-                _ => Err(spoiled().into()),
+        {
+            let mut seat = self.take_seat(db);
+            let round = seat.round.clone();
+            let mut phase = round.phase.subscribe();
+            let opened = phase
+                .wait_for(|p| !matches!(p, Phase::Forming))
+                .await
+                .map(|p| p.clone());
+            match opened {
+                Ok(Phase::Open) => {}
+                Ok(Phase::Done(Err(err))) => return Err(err.into()),
+                _ => return Err(round.abandon().await.into()),
             }
-        };
-        seat.leave(answer.is_err());
-        // Even a member that failed waits for the round's end: once it
-        // answers, its statements are rolled back.
-        let done = phase
-            .wait_for(|p| matches!(p, Phase::Done(_)))
-            .await
-            .map(|p| p.clone());
-        let answer = answer?;
-        match done {
-            Ok(Phase::Done(Ok(()))) => Ok(answer),
-            Ok(Phase::Done(Err(err))) => Err(err.into()),
-            _ => Err(abandoned().into()),
+            // `None`: another member spoiled the round before this one's turn.
+            let answer = {
+                let txn = round.txn.lock().await;
+                match txn.as_ref() {
+                    Some(txn) if !round.spoiled() => Some(body(txn).await),
+                    _ => None,
+                }
+            };
+            seat.leave(matches!(answer, Some(Err(_))));
+            // Even a member that failed waits for the round's end: once it
+            // answers, its statements are rolled back, and a retry of its
+            // caller never joins this round.
+            let done = phase
+                .wait_for(|p| matches!(p, Phase::Done(_) | Phase::Abandoned))
+                .await
+                .map(|p| p.clone());
+            match (answer, done) {
+                (Some(Err(err)), _) => return Err(err),
+                (Some(Ok(answer)), Ok(Phase::Done(Ok(())))) => return Ok(answer),
+                // Spoiled by another member: rolled back, nothing of this
+                // one was written; it runs again alone below.
+                (_, Ok(Phase::Done(Err(_)))) if round.spoiled() => {}
+                // The commit failed: rolled back for every member.
+                (_, Ok(Phase::Done(Err(err)))) => return Err(err.into()),
+                _ => return Err(round.abandon().await.into()),
+            }
         }
+        // Alone: another member's failure never becomes this one's outcome.
+        let txn = db.begin_immediate().await?;
+        let answer = body(&txn).await?;
+        txn.commit().await?;
+        Ok(answer)
     }
 
     /// Rounds started so far (each one `BEGIN`, at most one `COMMIT`).
     pub(super) fn started(&self) -> u64 {
         self.started.load(Ordering::Relaxed)
+    }
+
+    /// Members seated in the round that admits newcomers (0 when none does).
+    pub(super) fn seated(&self) -> usize {
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        current.as_ref().map_or(0, |round| {
+            let seats = round.seats.lock().unwrap_or_else(PoisonError::into_inner);
+            if seats.closed || seats.spoiled {
+                0
+            } else {
+                seats.taken
+            }
+        })
     }
 
     /// A seat in the round that admits newcomers, or in a new round whose
@@ -197,6 +235,22 @@ impl Drop for Seat {
 }
 
 impl Round {
+    /// Closes the round to newcomers.
+    fn close(&self) {
+        self.seats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closed = true;
+    }
+
+    /// What a member of an abandoned round answers. Its transaction is
+    /// dropped (rolled back) here, on a live runtime, so that the writer
+    /// connection goes back to its pool for the rounds after it.
+    async fn abandon(&self) -> DbErr {
+        drop(self.txn.lock().await.take());
+        abandoned()
+    }
+
     fn spoiled(&self) -> bool {
         self.seats
             .lock()
@@ -209,13 +263,14 @@ impl Round {
 /// closes it and commits when every seated member has left.
 async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<()>>) {
     // Dropped with this task (its runtime stopped): newcomers then start a
-    // new round instead of waiting for this one.
+    // new round instead of waiting for this one, and its members stop
+    // waiting for it.
     let closer = CloseOnDrop(&round);
     let _writer = writer.lock_owned().await;
     match db.begin_immediate().await {
         Ok(txn) => *round.txn.lock().await = Some(txn),
         Err(err) => {
-            drop(closer);
+            round.close();
             round.phase.send_replace(Phase::Done(Err(err)));
             return;
         }
@@ -245,15 +300,20 @@ async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<(
     drop(closer);
 }
 
+/// Ends a round whose driver is dropped before it ended: newcomers start a
+/// new round, and its members stop waiting (they answer an error).
 struct CloseOnDrop<'a>(&'a Round);
 
 impl Drop for CloseOnDrop<'_> {
     fn drop(&mut self) {
-        self.0
-            .seats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .closed = true;
+        self.0.close();
+        self.0.phase.send_if_modified(|p| match p {
+            Phase::Done(_) | Phase::Abandoned => false,
+            _ => {
+                *p = Phase::Abandoned;
+                true
+            }
+        });
     }
 }
 
@@ -320,11 +380,16 @@ mod tests {
         let (release, released) = oneshot::channel::<()>();
         let (inserted, has_inserted) = oneshot::channel::<()>();
         let db = db.clone();
+        let (mut inserted, mut released) = (Some(inserted), Some(released));
         let first = tokio::spawn(async move {
-            db.write::<_, DbErr, _>(async |txn| {
+            db.write::<_, DbErr, _>(async move |txn| {
                 insert(txn, "a").await?;
-                let _ = inserted.send(());
-                let _ = released.await;
+                if let Some(inserted) = inserted.take() {
+                    let _ = inserted.send(());
+                }
+                if let Some(released) = released.take() {
+                    let _ = released.await;
+                }
                 Ok(())
             })
             .await
@@ -384,7 +449,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_member_rolls_back_its_whole_round_and_every_member_gets_an_error() {
+    async fn a_failed_member_gets_its_own_error_and_the_others_of_its_round_are_written_alone() {
         let dir = tempfile::tempdir().unwrap();
         let db = database(&dir).await;
         let (first, release, inserted) = held_write(&db);
@@ -401,25 +466,21 @@ mod tests {
         };
         let_others_run().await;
         release.send(()).unwrap();
-        let first = first.await.unwrap().unwrap_err();
-        assert!(
-            first
-                .to_string()
-                .contains("nothing of this one was written"),
-            "{first}"
-        );
         let failing = failing.await.unwrap().unwrap_err();
         assert!(failing.to_string().contains("rejected"), "{failing}");
-        assert!(names(db.reader()).await.is_empty());
-        // The next round is a fresh transaction.
+        // The first write's round was rolled back; it ran again alone.
+        first.await.unwrap().unwrap();
+        assert_eq!(names(db.reader()).await, vec!["a"]);
+        assert_eq!(db.write_rounds_started(), 1);
         db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await)
             .await
             .unwrap();
-        assert_eq!(names(db.reader()).await, vec!["c"]);
+        assert_eq!(names(db.reader()).await, vec!["a", "c"]);
     }
 
     #[tokio::test]
-    async fn a_member_dropped_half_way_spoils_its_round_and_the_next_round_goes_on() {
+    async fn a_member_dropped_half_way_is_not_written_and_the_others_of_its_round_are_written_alone()
+     {
         let dir = tempfile::tempdir().unwrap();
         let db = database(&dir).await;
         let (first, _release, inserted) = held_write(&db);
@@ -434,17 +495,133 @@ mod tests {
         let_others_run().await;
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());
-        let second = second.await.unwrap().unwrap_err();
-        assert!(
-            second
-                .to_string()
-                .contains("nothing of this one was written"),
-            "{second}"
-        );
-        assert!(names(db.reader()).await.is_empty());
+        second.await.unwrap().unwrap();
+        assert_eq!(names(db.reader()).await, vec!["b"]);
         db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await)
             .await
             .unwrap();
+        assert_eq!(names(db.reader()).await, vec!["b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn the_members_of_a_round_whose_driver_is_dropped_get_an_error_and_later_writes_go_through()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        // The round starts on a runtime of its own thread (its driver runs
+        // there), held open by a write that never finishes.
+        let (inserted, has_inserted) = oneshot::channel::<()>();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async move {
+                    let mut inserted = Some(inserted);
+                    tokio::spawn(async move {
+                        db.write::<_, DbErr, _>(async move |txn| {
+                            insert(txn, "a").await?;
+                            if let Some(inserted) = inserted.take() {
+                                let _ = inserted.send(());
+                            }
+                            std::future::pending::<()>().await;
+                            Ok(())
+                        })
+                        .await
+                    });
+                    let _ = stopped.await;
+                });
+                // Dropping the runtime drops the round's driver and its member.
+                drop(runtime);
+            })
+        };
+        has_inserted.await.unwrap();
+        let second = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                db.write::<_, DbErr, _>(async |txn| insert(txn, "b").await)
+                    .await
+            })
+        };
+        let_others_run().await;
+        assert_eq!(db.write_round_seated(), 2);
+        stop.send(()).unwrap();
+        tokio::task::spawn_blocking(move || thread.join().unwrap())
+            .await
+            .unwrap();
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), second)
+            .await
+            .expect("a member of an abandoned round waited forever")
+            .unwrap()
+            .unwrap_err();
+        assert!(second.to_string().contains("abandoned"), "{second}");
+        assert!(names(db.reader()).await.is_empty());
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await),
+        )
+        .await
+        .expect("the writer connection was not given back")
+        .unwrap();
         assert_eq!(names(db.reader()).await, vec!["c"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn under_concurrent_writes_some_failing_or_cancelled_every_answer_matches_what_was_committed()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        let mut tasks = Vec::new();
+        for i in 0..120 {
+            let db = db.clone();
+            let name = format!("w{i:03}");
+            let fails = i % 7 == 3;
+            tasks.push((
+                name.clone(),
+                fails,
+                tokio::spawn(async move {
+                    db.write::<_, DbErr, _>(async move |txn| {
+                        insert(txn, &name).await?;
+                        tokio::task::yield_now().await;
+                        if fails {
+                            return Err(DbErr::Custom("rejected".to_owned()));
+                        }
+                        Ok(())
+                    })
+                    .await
+                }),
+            ));
+        }
+        // Some writes are cancelled wherever they are.
+        for (i, (_, _, task)) in tasks.iter().enumerate() {
+            if i % 11 == 5 {
+                tokio::task::yield_now().await;
+                task.abort();
+            }
+        }
+        let mut answered = Vec::new();
+        for (name, fails, task) in tasks {
+            match task.await {
+                Ok(answer) => answered.push((name, fails, answer)),
+                Err(err) => assert!(err.is_cancelled()),
+            }
+        }
+        let committed = names(db.reader()).await;
+        for (name, fails, answer) in answered {
+            match answer {
+                Ok(()) => assert!(
+                    committed.contains(&name),
+                    "{name} answered Ok, not committed"
+                ),
+                Err(err) => {
+                    assert!(fails, "{name} failed only because of another write: {err}");
+                    assert!(!committed.contains(&name), "{name} answered Err, committed");
+                }
+            }
+        }
+        assert!(db.write_rounds_started() < 120, "no write shared a round");
     }
 }

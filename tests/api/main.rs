@@ -40,3 +40,4 @@ mod skeleton;
 mod teardown;
 mod trial;
 mod wakes;
+mod write_rounds;
