@@ -147,7 +147,12 @@ impl Database {
 
     /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite) of its own.
     pub async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
-        self.begin_immediate().await
+        self.write
+            .begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..Default::default()
+            })
+            .await
     }
 
     /// Runs `body` in a write transaction and returns its answer once that
@@ -170,7 +175,7 @@ impl Database {
         if let Some(rounds) = &self.rounds {
             return rounds.run(self, body).await;
         }
-        let txn = self.begin_immediate().await?;
+        let txn = self.begin_write().await?;
         let answer = body(&txn).await?;
         txn.commit().await?;
         Ok(answer)
@@ -186,15 +191,6 @@ impl Database {
     /// need writes to meet in one round.
     pub fn write_round_seated(&self) -> usize {
         self.rounds.as_ref().map_or(0, |r| r.seated())
-    }
-
-    async fn begin_immediate(&self) -> Result<DatabaseTransaction, DbErr> {
-        self.write
-            .begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..Default::default()
-            })
-            .await
     }
 
     /// The connection for reads outside a transaction.

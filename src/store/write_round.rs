@@ -145,7 +145,7 @@ impl Rounds {
             }
         }
         // Alone: another member's failure never becomes this one's outcome.
-        let txn = db.begin_immediate().await?;
+        let txn = db.begin_write().await?;
         let answer = body(&txn).await?;
         txn.commit().await?;
         Ok(answer)
@@ -267,7 +267,7 @@ async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<(
     // waiting for it.
     let closer = CloseOnDrop(&round);
     let _writer = writer.lock_owned().await;
-    match db.begin_immediate().await {
+    match db.begin_write().await {
         Ok(txn) => *round.txn.lock().await = Some(txn),
         Err(err) => {
             round.close();
