@@ -368,6 +368,12 @@ mod tests {
             .collect()
     }
 
+    /// One write of one row named `name`.
+    async fn write_name(db: &Database, name: &str) -> Result<(), DbErr> {
+        db.write::<_, DbErr, _>(async |txn| insert(txn, name).await)
+            .await
+    }
+
     /// A first write that stays inside its round until `release` fires,
     /// once it has inserted `a`.
     fn held_write(
@@ -437,13 +443,9 @@ mod tests {
     async fn a_lone_write_commits_before_it_answers() {
         let dir = tempfile::tempdir().unwrap();
         let db = database(&dir).await;
-        db.write::<_, DbErr, _>(async |txn| insert(txn, "a").await)
-            .await
-            .unwrap();
+        write_name(&db, "a").await.unwrap();
         assert_eq!(names(db.reader()).await, vec!["a"]);
-        db.write::<_, DbErr, _>(async |txn| insert(txn, "b").await)
-            .await
-            .unwrap();
+        write_name(&db, "b").await.unwrap();
         assert_eq!(names(db.reader()).await, vec!["a", "b"]);
         assert_eq!(db.write_rounds_started(), 2);
     }
@@ -472,9 +474,7 @@ mod tests {
         first.await.unwrap().unwrap();
         assert_eq!(names(db.reader()).await, vec!["a"]);
         assert_eq!(db.write_rounds_started(), 1);
-        db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await)
-            .await
-            .unwrap();
+        write_name(&db, "c").await.unwrap();
         assert_eq!(names(db.reader()).await, vec!["a", "c"]);
     }
 
@@ -497,9 +497,7 @@ mod tests {
         assert!(first.await.unwrap_err().is_cancelled());
         second.await.unwrap().unwrap();
         assert_eq!(names(db.reader()).await, vec!["b"]);
-        db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await)
-            .await
-            .unwrap();
+        write_name(&db, "c").await.unwrap();
         assert_eq!(names(db.reader()).await, vec!["b", "c"]);
     }
 
@@ -559,13 +557,10 @@ mod tests {
             .unwrap_err();
         assert!(second.to_string().contains("abandoned"), "{second}");
         assert!(names(db.reader()).await.is_empty());
-        tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            db.write::<_, DbErr, _>(async |txn| insert(txn, "c").await),
-        )
-        .await
-        .expect("the writer connection was not given back")
-        .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), write_name(&db, "c"))
+            .await
+            .expect("the writer connection was not given back")
+            .unwrap();
         assert_eq!(names(db.reader()).await, vec!["c"]);
     }
 

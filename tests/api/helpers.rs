@@ -658,13 +658,22 @@ pub async fn ws_bind(port: u16, token: &str, subscription_id: &str, capacity: u3
 /// PostgreSQL and this run is on SQLite. The line goes straight to stderr, past the test harness's
 /// capture, so every run shows what it skipped (`scripts/test` counts them).
 pub fn skip_unless_postgres() -> bool {
-    if backend_name() == "postgres" {
+    skip_unless_backend(
+        "postgres",
+        "needs PostgreSQL (set ORBIT_TEST_DATABASE_URL or run ./scripts/test)",
+    )
+}
+
+/// True (after printing which test skips and `why`, as
+/// [`skip_unless_postgres`] does) when this run is not on `backend`.
+pub fn skip_unless_backend(backend: &str, why: &str) -> bool {
+    if backend_name() == backend {
         return false;
     }
     // The test harness names each test's thread after the test.
     let thread = std::thread::current();
     report(&format!(
-        "skipped {}: needs PostgreSQL (set ORBIT_TEST_DATABASE_URL or run ./scripts/test)",
+        "skipped {}: {why}",
         thread.name().unwrap_or("a test")
     ));
     true

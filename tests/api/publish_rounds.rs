@@ -21,15 +21,7 @@ use crate::{helpers::*, protocol_support::wait_until};
 
 /// True (after saying so) when this run has no write rounds (PostgreSQL).
 fn skip_without_rounds() -> bool {
-    if backend_name() == "sqlite" {
-        return false;
-    }
-    let thread = std::thread::current();
-    report(&format!(
-        "skipped {}: write rounds exist on SQLite only",
-        thread.name().unwrap_or("a test")
-    ));
-    true
+    skip_unless_backend("sqlite", "write rounds exist on SQLite only")
 }
 
 /// A POST on its own task, so the test can act while it waits.
