@@ -23,6 +23,7 @@ use crate::{
     error::{Error, ErrorCode},
     metrics::Operation,
     state::AppState,
+    store::Commitment,
 };
 
 /// The request id of the current request (also in `X-Request-ID`).
@@ -66,15 +67,33 @@ fn is_raw_path(path: &str) -> bool {
     path == "/metrics" || path == "/v1/events/connect"
 }
 
+/// The [`Commitment`] the middleware shares with the handler of `req`: a
+/// writer commits to it before making the request's write final, so the
+/// deadline answers 503 only when nothing of it is written (decision 0014).
+/// Outside the middleware (no deadline) a fresh, undecided one.
+pub fn request_commitment(req: &HttpRequest) -> Commitment {
+    req.extensions()
+        .get::<Commitment>()
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Middleware: assigns the request id, applies the management deadline,
 /// renders errors (ours and the framework's) as envelopes and sets the
 /// common headers.
+///
+/// At the deadline the request is answered 503 `UNAVAILABLE` and its
+/// handler dropped (rolling back its transaction), unless its write
+/// already began committing ([`request_commitment`]): then the answer is
+/// that write's outcome, whenever it comes (decision 0014).
 pub async fn envelope(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let request_id = MessageId::generate();
     req.extensions_mut().insert(RequestId(request_id.clone()));
+    let commitment = Commitment::new();
+    req.extensions_mut().insert(commitment.clone());
     let raw = is_raw_path(req.path());
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let deadline = state
@@ -97,9 +116,15 @@ pub async fn envelope(
     );
     // No clone of the request may be held here: routing needs it unshared.
     let call = next.call(req).instrument(span);
+    let mut call = std::pin::pin!(call);
     let result = match (raw, deadline) {
-        (false, Some(deadline)) => match tokio::time::timeout(deadline, call).await {
+        (false, Some(deadline)) => match tokio::time::timeout(deadline, &mut call).await {
             Ok(result) => result,
+            Err(_) if !commitment.abandon() => {
+                // Its write is committing: a 503 now could be a lie.
+                tracing::info!(request_id = %request_id, "request deadline passed while its write commits; answering its outcome");
+                call.await
+            }
             Err(_) => {
                 // The handler future (and its transaction) is dropped here,
                 // which rolls the transaction back.

@@ -18,7 +18,7 @@ use crate::{
     domain::{Permission, QueueId, ResultType, Timestamp, U64Str, is_id},
     error::{Error, Result},
     http::{
-        envelope::respond,
+        envelope::{request_commitment, respond},
         openapi::{
             Envelope, ErrorEnvelope, Id, JsonObject, ResultTypeName, SnapshotState, Time,
             Uint64String,
@@ -29,7 +29,7 @@ use crate::{
     metrics::Metrics,
     state::AppState,
     store::{
-        Database, Waiter,
+        Database,
         idempotency::WriteIdentity,
         publish::{self, PublishRequest, Published},
     },
@@ -273,13 +273,13 @@ pub async fn publish(
         queue_id.as_str(),
         &normalized,
     )?;
-    // Dropped with this handler (e.g. at its deadline): see `Waiter`.
-    let alive = Arc::new(());
+    // Decides, with the request's deadline, whether the batch writes it.
+    let commitment = request_commitment(&req);
     let request = PublishRequest {
         identity,
         queue_id: queue_id.clone(),
         results,
-        waiter: Waiter::while_alive(&alive),
+        commitment,
     };
     let outcome = state
         .publishes
@@ -287,7 +287,6 @@ pub async fn publish(
         .submit(request)
         .await
         .unwrap_or_else(|| Err(Error::unavailable("the node is shutting down")))?;
-    drop(alive);
     match outcome {
         Published::Fresh(data) => Ok(respond(&req, StatusCode::CREATED, data)),
         Published::Replay(data) => Ok(respond(&req, StatusCode::OK, data)),
@@ -313,8 +312,10 @@ const PUBLISH_CHANNEL: usize = 1024;
 /// ([`publish::publish_each`]); each answer leaves after the commit that
 /// holds its events, and the batcher itself wakes the scanner and counts
 /// the appended results, so a caller that stopped waiting (its deadline
-/// passed) loses neither; such a request is left out of its batch
-/// ([`Waiter`]). Cheap to clone.
+/// passed) loses neither. A request whose deadline won its
+/// [`Commitment`](crate::store::Commitment) is left out of its batch; one
+/// the batch committed to first is answered its outcome (decision 0014).
+/// Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct PublishBatcher {
     batcher: Batcher<PublishRequest, Result<Published>>,

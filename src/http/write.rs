@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::{
     domain::now,
-    error::Result,
-    http::envelope::respond,
+    error::{Error, Result},
+    http::envelope::{request_commitment, respond},
     state::AppState,
     store::idempotency::{self, Begin, WriteIdentity},
 };
@@ -50,6 +50,14 @@ where
     let data = effect(&txn).await?;
     let ttl = std::time::Duration::from_secs(state.settings.retention.idempotency_max_age_s);
     idempotency::finish(&txn, &identity, fresh_status.as_u16(), &data, t.plus(ttl)).await?;
+    // From here the caller waits for the commit's outcome even past its
+    // deadline: a 503 while the commit is in flight could be a lie
+    // (decision 0014). The deadline cannot have won yet — it drops this
+    // future when it does — but a lost race is still answered honestly.
+    if !request_commitment(req).commit() {
+        txn.rollback().await?;
+        return Err(Error::unavailable("the request passed its deadline"));
+    }
     txn.commit().await?;
     Ok(Written {
         response: respond(req, fresh_status, data),

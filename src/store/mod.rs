@@ -22,7 +22,10 @@ pub mod subscriptions;
 pub mod tenancy;
 pub mod write_round;
 
-use std::sync::{Arc, Weak};
+use std::sync::{
+    Arc, Weak,
+    atomic::{AtomicU8, Ordering},
+};
 use std::{path::Path, time::Duration};
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
@@ -217,18 +220,12 @@ impl Database {
 
 /// Whether the caller of a request still waits for its answer, checked by
 /// a batch once it holds the write lock, before writing anything of the
-/// request: an HTTP handler past its deadline (answered 503, "nothing
-/// written") no longer waits for its publish (decision 0063), a closed
-/// connection no longer waits for its session's claim.
+/// request: a closed connection no longer waits for its session's claim.
+/// (A publish past its HTTP deadline is decided by a [`Commitment`].)
 #[derive(Debug, Clone, Default)]
 pub struct Waiter(Option<Weak<()>>);
 
 impl Waiter {
-    /// A caller that always waits (tests, callers without a deadline).
-    pub fn always() -> Waiter {
-        Waiter(None)
-    }
-
     /// Waits while `alive` (held by the caller) exists.
     pub fn while_alive(alive: &Arc<()>) -> Waiter {
         Waiter(Some(Arc::downgrade(alive)))
@@ -237,6 +234,61 @@ impl Waiter {
     /// The caller stopped waiting.
     pub fn gone(&self) -> bool {
         self.0.as_ref().is_some_and(|w| w.strong_count() == 0)
+    }
+}
+
+/// Who decides a request whose deadline passes while it is being written
+/// (http-api.md §1: on expiry 503 `UNAVAILABLE`, "and the transaction is
+/// rolled back"; decision 0014). Shared by the HTTP deadline
+/// (`http::envelope`) and the code that writes the request; exactly one of
+/// them wins:
+/// - the writer calls [`Commitment::commit`] before the statements that
+///   could make the request final (a publish batch before its statements,
+///   an idempotent write before its `COMMIT`); from then on the caller
+///   waits for the real outcome, whatever the deadline;
+/// - the deadline calls [`Commitment::abandon`]; when it wins, the caller
+///   is answered 503 and the writer leaves the request out.
+///
+/// Cheap to clone; clones share the decision.
+#[derive(Debug, Clone, Default)]
+pub struct Commitment(Arc<AtomicU8>);
+
+/// [`Commitment`] states.
+const UNDECIDED: u8 = 0;
+const COMMITTING: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl Commitment {
+    /// An undecided request (no deadline decides it unless it is shared
+    /// with one).
+    pub fn new() -> Commitment {
+        Commitment::default()
+    }
+
+    /// The writer's side: true when the request may be written (now, or
+    /// already, committing); false when its deadline won — write nothing
+    /// of it.
+    pub fn commit(&self) -> bool {
+        match self
+            .0
+            .compare_exchange(UNDECIDED, COMMITTING, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(state) => state == COMMITTING,
+        }
+    }
+
+    /// The deadline's side: true when nothing of the request is or will be
+    /// written, so 503 is the truth; false when its writer began committing
+    /// it first and the caller must wait for that outcome.
+    pub fn abandon(&self) -> bool {
+        match self
+            .0
+            .compare_exchange(UNDECIDED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(state) => state == ABANDONED,
+        }
     }
 }
 
@@ -336,6 +388,24 @@ mod tests {
         assert_eq!(url, "sqlite://var/x.db?mode=rwc");
         assert!(matches!(sync, SqliteSynchronous::Normal));
         assert!(split_sqlite_synchronous("sqlite://x.db?synchronous=off").is_err());
+    }
+
+    #[test]
+    fn a_commitment_is_decided_once_by_whichever_side_comes_first() {
+        let committed = Commitment::new();
+        let deadline = committed.clone();
+        assert!(committed.commit());
+        assert!(committed.commit(), "committing again stays committed");
+        assert!(
+            !deadline.abandon(),
+            "the deadline lost: wait for the outcome"
+        );
+
+        let abandoned = Commitment::new();
+        let writer = abandoned.clone();
+        assert!(abandoned.abandon());
+        assert!(abandoned.abandon());
+        assert!(!writer.commit(), "the writer lost: write nothing of it");
     }
 
     #[test]

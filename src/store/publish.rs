@@ -11,7 +11,7 @@ use crate::{
     error::{Error, Result},
     journal::{self, NewResult},
     store::{
-        Database, Waiter,
+        Commitment, Database,
         idempotency::{self, WriteIdentity},
     },
 };
@@ -23,7 +23,10 @@ pub struct PublishRequest {
     pub identity: WriteIdentity,
     pub queue_id: QueueId,
     pub results: Vec<NewResult>,
-    pub waiter: Waiter,
+    /// Shared with the request's HTTP deadline: the batch commits to the
+    /// request before writing anything of it, or leaves it out when the
+    /// deadline won (decision 0014).
+    pub commitment: Commitment,
 }
 
 /// How a publish request ended.
@@ -101,10 +104,11 @@ async fn publish_in(
     let mut seen = HashSet::new();
     let mut fresh = Vec::new();
     for (i, request) in requests.iter().enumerate() {
-        if request.waiter.gone() {
-            // Its caller stopped waiting (deadline: already answered 503)
-            // while the batch waited for the write lock: nothing of it is
-            // written (http-api.md §1).
+        if !request.commitment.commit() {
+            // Its deadline passed (and answered 503) while the batch
+            // waited for the write lock: nothing of it is written
+            // (http-api.md §1). From here on, a request the batch took
+            // waits for this batch's outcome, deadline or not.
             outcomes[i] = Some(Err(Error::unavailable("the request passed its deadline")));
             continue;
         }

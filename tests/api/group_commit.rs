@@ -294,7 +294,7 @@ mod publishes {
         domain::{CredentialId, EventId, QueueId, ResultType, now, random_hex_id},
         journal::NewResult,
         store::{
-            Waiter,
+            Commitment,
             idempotency::{IdempotencyKey, WriteIdentity},
             publish::{PublishRequest, Published, publish_each},
         },
@@ -332,7 +332,7 @@ mod publishes {
             .unwrap(),
             queue_id: QueueId::parse(queue_id).unwrap(),
             results,
-            waiter: Waiter::always(),
+            commitment: Commitment::new(),
         }
     }
 

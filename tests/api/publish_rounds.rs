@@ -157,19 +157,20 @@ async fn committed_events(app: &TestApp, queue_id: &str) -> Vec<(String, i64)> {
     ids.into_iter().zip(sequences).collect()
 }
 
-/// Known break (decision 0068, "Consequences"): a publish whose statements
-/// ran before its deadline is committed with its round even when the
-/// deadline passes while later members of the round still run, after its
-/// caller was answered 503. Ignored until the handler and the batch agree
-/// on who decides (see 0068); run it with `--ignored`.
+/// http-api.md §1 (at the deadline: 503 and rolled back), decision 0014:
+/// a publish whose statements ran before its deadline, in a round another
+/// member keeps open past it, is not answered 503 (it would be committed
+/// with its round): it is answered its committed outcome once the round
+/// commits. (Its deadline passing before its batch reaches it — 503,
+/// nothing written — is `group_commit`'s test.)
 #[actix_web::test]
-#[ignore = "known break: 503 at the deadline while the publish's round is still open; decision 0068"]
-async fn a_publish_answered_503_at_its_deadline_is_not_written_though_its_round_was_still_open() {
+async fn a_publish_committing_when_its_deadline_passes_is_answered_its_outcome_not_503() {
     if skip_without_rounds() {
         return;
     }
+    let deadline = Duration::from_millis(1_500);
     let app = spawn_app_with(|s| {
-        s.timing.http_request_timeout_ms = 1_500;
+        s.timing.http_request_timeout_ms = deadline.as_millis() as u64;
         s.timing.scan_interval_ms = 600_000;
     })
     .await;
@@ -182,7 +183,7 @@ async fn a_publish_answered_503_at_its_deadline_is_not_written_though_its_round_
     // seat, a second held member the one after it.
     let (first, mut first_began, release_first) = member(&app.state.db, &q, Member::Waits);
     first_began.recv().await.unwrap();
-    let publish = spawn_post(&app, &path, &cred.token, "late", &body);
+    let mut publish = spawn_post(&app, &path, &cred.token, "late", &body);
     seated(&app, 2).await;
     let (second, mut second_began, release_second) = member(&app.state.db, &q, Member::Waits);
     seated(&app, 3).await;
@@ -190,17 +191,25 @@ async fn a_publish_answered_503_at_its_deadline_is_not_written_though_its_round_
     // second member keeps the round open past the deadline.
     release_first.send(()).unwrap();
     second_began.recv().await.unwrap();
-    let res = publish.await.unwrap();
-    res.assert_error(503, "UNAVAILABLE");
+    // No answer while its round is open, deadline or not (twice it).
+    let early = tokio::time::timeout(2 * deadline, &mut publish).await;
+    assert!(
+        early.is_err(),
+        "answered before its round committed: {early:?}"
+    );
     release_second.send(()).unwrap();
     first.await.unwrap().unwrap();
     second.await.unwrap().unwrap();
+    let res = publish.await.unwrap();
 
-    // 503 means nothing written: no event, and the key applies afresh.
-    assert_eq!(committed_events(&app, &q).await, vec![]);
+    // The answer is what was committed; the key replays it.
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    let published = events_of(&res);
+    assert_eq!(published.len(), 1);
+    assert_eq!(committed_events(&app, &q).await, published);
     let again = app.post(&path, &cred.token, "late", &body).await;
-    assert_eq!(again.status, 201, "{:#}", again.body);
-    assert_eq!(events_of(&again).len(), 1);
+    assert_eq!(again.status, 200, "{:#}", again.body);
+    assert_eq!(events_of(&again), published);
     app.assert_invariants().await;
 }
 
