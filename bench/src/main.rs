@@ -4,6 +4,7 @@
 //! docs/performance.md).
 
 mod drive;
+mod floor;
 mod orbit;
 mod redis_streams;
 mod sql_queue;
@@ -36,6 +37,10 @@ enum Command {
     Run(RunArgs),
     /// RSS of an orbit-events node with 0 and then N idle bound sessions.
     Idle(IdleArgs),
+    /// The data model's ceiling: only the rows a delivery writes (event,
+    /// delivery materialized, leased, ACKed, audit record), B per
+    /// transaction, with no service in between (see docs/performance.md).
+    Floor(FloorArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -148,6 +153,34 @@ struct IdleArgs {
     repeat: usize,
 }
 
+#[derive(clap::Args)]
+struct FloorArgs {
+    #[command(flatten)]
+    common: Common,
+    /// sqlite or postgres.
+    #[arg(long, default_value = "sqlite")]
+    backend: String,
+    /// Deliveries written per measurement.
+    #[arg(short = 'n', long, default_value_t = 50_000)]
+    deliveries: u64,
+    /// Deliveries per transaction, comma-separated (one row each).
+    #[arg(long, value_delimiter = ',', default_value = "32,256")]
+    batches: Vec<u64>,
+    /// Commits per batch, comma-separated: 1 (all in one) and/or 3
+    /// (publish and materialize, lease, ACK).
+    #[arg(long, value_delimiter = ',', default_value = "1,3")]
+    commits: Vec<u8>,
+    /// Writers at once, each on its own connection.
+    #[arg(long, default_value_t = 1)]
+    writers: usize,
+    /// Filler bytes per result.
+    #[arg(long, default_value_t = 200)]
+    payload: usize,
+    /// Measurements per row (interleaved).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -157,6 +190,7 @@ fn main() -> Result<()> {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Idle(args) => idle(args).await,
+            Command::Floor(args) => floor_table(args).await,
         }
     })
 }
@@ -521,6 +555,69 @@ async fn idle(args: IdleArgs) -> Result<()> {
     }
     if let Some(s) = stats::Spread::of(per) {
         println!("RSS per idle connection, KiB: {}", s.show(1));
+    }
+    Ok(())
+}
+
+async fn floor_table(args: FloorArgs) -> Result<()> {
+    let backend = match args.backend.as_str() {
+        "sqlite" => floor::FloorBackend::Sqlite(scratch(&args.common)),
+        "postgres" => floor::FloorBackend::Postgres(postgres(&args.common)?),
+        other => bail!("--backend is sqlite or postgres, not {other}"),
+    };
+    let bin = node_options(
+        &args.common,
+        Backend::Sqlite,
+        0,
+        &orbit::TemplateSlot::default(),
+    )?
+    .bin;
+    let shapes: Vec<floor::FloorShape> = args
+        .batches
+        .iter()
+        .flat_map(|&batch| {
+            args.commits
+                .iter()
+                .map(move |&commits_per_batch| floor::FloorShape {
+                    deliveries: args.deliveries,
+                    batch,
+                    commits_per_batch,
+                    writers: args.writers,
+                })
+        })
+        .collect();
+    let load_before = load_average();
+    let mut rates = vec![Vec::new(); shapes.len()];
+    for _ in 0..args.repeat {
+        for (shape, rates) in shapes.iter().zip(&mut rates) {
+            let rate = floor::run_once(&backend, &bin, *shape, args.payload).await?;
+            eprintln!(
+                "floor {} batch {} commits {} writers {}: {rate:.0} deliveries/s",
+                args.backend, shape.batch, shape.commits_per_batch, shape.writers
+            );
+            rates.push(rate);
+        }
+    }
+    println!(
+        "orbit-bench floor: {} backend, N={} deliveries, {} filler bytes, {} writer(s), {} runs per row; {} cores; load average {} before, {} after",
+        args.backend,
+        args.deliveries,
+        args.payload,
+        args.writers,
+        args.repeat,
+        cores(),
+        load_before,
+        load_average()
+    );
+    println!("durability: SQLite WAL synchronous=FULL, PostgreSQL synchronous_commit=on");
+    println!("| deliveries per transaction | commits per batch | deliveries/s |");
+    println!("|---|---|---|");
+    for (shape, rates) in shapes.iter().zip(rates) {
+        let shown = stats::Spread::of(rates).map_or_else(|| "-".to_owned(), |s| s.show(0));
+        println!(
+            "| {} | {} | {shown} |",
+            shape.batch, shape.commits_per_batch
+        );
     }
     Ok(())
 }
