@@ -151,7 +151,7 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
     let settings = load(&args)?;
     let db = open(&settings).await?;
     let listen = settings.server.listen.clone();
-    let database = redact_url(&settings.database.url);
+    let database = database_name(&settings);
     let app = Application::build_with_database(settings, db)
         .await
         .map_err(|e| e.to_string())?;
@@ -175,10 +175,7 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
 async fn migrate(args: ConfigArg) -> Result<(), String> {
     let settings = load(&args)?;
     open(&settings).await?;
-    tracing::info!(
-        "migrations applied to {}",
-        redact_url(&settings.database.url)
-    );
+    tracing::info!("migrations applied to {}", database_name(&settings));
     Ok(())
 }
 
@@ -224,7 +221,19 @@ async fn bootstrap(args: BootstrapArgs) -> Result<(), String> {
     .map_err(|e| format!("bootstrap failed: {e}"))?;
     let json = serde_json::to_string(&out).map_err(|e| e.to_string())?;
     println!("{json}");
+    // The token works only on nodes of this database: name it, resolved,
+    // since the default SQLite path is relative to the working directory.
+    tracing::info!("credential created in {}", database_name(&settings));
     Ok(())
+}
+
+/// The database of `settings` for messages: the SQLite file's absolute
+/// path when there is one, else the URL without its password.
+fn database_name(settings: &Settings) -> String {
+    let url = &settings.database.url;
+    crate::store::sqlite_path(url)
+        .and_then(|path| std::path::absolute(path).ok())
+        .map_or_else(|| redact_url(url), |path| path.display().to_string())
 }
 
 async fn revoke(args: ConfigArg, credential_id: &str) -> Result<(), String> {

@@ -345,8 +345,9 @@ fn split_sqlite_synchronous(url: &str) -> Result<(String, SqliteSynchronous), Db
     Ok((url, synchronous))
 }
 
-/// The file path of a `sqlite:` URL, if it names a file.
-fn sqlite_path(url: &str) -> Option<&str> {
+/// The file path of a `sqlite:` URL, if it names a file (as written: a
+/// relative path is relative to the working directory).
+pub fn sqlite_path(url: &str) -> Option<&str> {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))?;

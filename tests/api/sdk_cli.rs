@@ -48,6 +48,30 @@ async fn cli(app: &TestApp, token: Option<&str>, args: &[&str]) -> Run {
     }
 }
 
+#[actix_web::test]
+async fn an_admin_command_whose_reader_stopped_reading_exits_quietly() {
+    // `orbit-events … | head -1` under `set -o pipefail`: the reader has
+    // what it wanted; a closed pipe is not the command's failure.
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let sub = sub["id"].as_str().unwrap().to_owned();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_orbit-events"));
+    command
+        .args(["subscriptions", "get", &sub])
+        .env("ORBIT_EVENTS_URL", &app.address)
+        .env("ORBIT_EVENTS_TOKEN", &cred.token)
+        .stdout(writer);
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
 /// The id in the first line of a write's table output (`Created <id>.`).
 fn written_id(stdout: &str) -> String {
     stdout

@@ -48,6 +48,39 @@ async fn bootstrap_without_an_access_flag_creates_a_credential_without_permissio
 }
 
 #[actix_web::test]
+async fn bootstrap_names_the_database_file_it_wrote_the_credential_to_resolved() {
+    // Run where a relative SQLite URL lands somewhere unexpected: the
+    // token only works on nodes of that file, so the command names it.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_orbit-events"))
+        .args([
+            "bootstrap",
+            "--namespace",
+            "demo",
+            "--application",
+            "app",
+            "--queue",
+            "results",
+            "--event-access",
+        ])
+        .current_dir(dir.path())
+        .env(
+            "ORBIT_EVENTS__DATABASE__URL",
+            "sqlite://var/here.db?mode=rwc",
+        )
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let file = std::path::absolute(dir.path().join("var/here.db")).unwrap();
+    assert!(
+        stderr.contains(&format!("credential created in {}", file.display())),
+        "{stderr}"
+    );
+}
+
+#[actix_web::test]
 async fn log_lines_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/log.db?mode=rwc", dir.path().display());

@@ -489,7 +489,8 @@ where
 fn explain(error: Error, remote: &Remote) -> CliError {
     let hint = match error.code() {
         Some(ErrorCode::Unauthenticated) => format!(
-            "\nhint: {TOKEN_ENV} holds a token this node does not accept (unknown or revoked)"
+            "\nhint: {TOKEN_ENV} holds a token this node does not accept (unknown or revoked; \
+             `bootstrap` names the database it created the credential in: it must be this node's)"
         ),
         Some(ErrorCode::PermissionDenied) => "\nhint: reading needs events:read and writing \
                                               events:manage (bootstrap --event-access grants both)"
@@ -553,9 +554,11 @@ impl Output {
 
 fn print(text: &str) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{}", text.trim_end())
-        .and_then(|()| stdout.flush())
-        .map_err(|e| CliError(format!("cannot write to stdout: {e}")))
+    match writeln!(stdout, "{}", text.trim_end()).and_then(|()| stdout.flush()) {
+        // The reader stopped reading (`| head`): what it wanted, it has.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(|e| CliError(format!("cannot write to stdout: {e}"))),
+    }
 }
 
 #[cfg(test)]
