@@ -28,6 +28,7 @@ mod protocol_stall;
 mod protocol_support;
 mod protocol_transcript;
 mod protocol_upgrade;
+mod publish_deadline;
 mod publish_rounds;
 mod retention;
 mod retention_scope;
