@@ -242,10 +242,13 @@ impl Waiter {
 /// rolled back"; decision 0014). Shared by the HTTP deadline
 /// (`http::envelope`) and the code that writes the request; exactly one of
 /// them wins:
-/// - the writer calls [`Commitment::commit`] before the statements that
-///   could make the request final (a publish batch before its statements,
-///   an idempotent write before its `COMMIT`); from then on the caller
-///   waits for the real outcome, whatever the deadline;
+/// - the writer calls [`Commitment::commit`] once the request's statements
+///   have run, just before the `COMMIT` that makes them final (a publish
+///   batch, an idempotent write); from then on the caller waits for the
+///   real outcome, whatever the deadline. Not before the statements: a
+///   statement can wait for a lock held by anyone, for any time, and the
+///   deadline must still answer such a request (it is queuing behind the
+///   database, not committing);
 /// - the deadline calls [`Commitment::abandon`]; when it wins, the caller
 ///   is answered 503 and the writer leaves the request out.
 ///
@@ -276,6 +279,14 @@ impl Commitment {
             Ok(_) => true,
             Err(state) => state == COMMITTING,
         }
+    }
+
+    /// True once the deadline won: the request's caller was answered 503
+    /// and no writer may write it. Decides nothing (a writer checks it
+    /// before doing work it would throw away, and still calls
+    /// [`Commitment::commit`] before its commit).
+    pub fn abandoned(&self) -> bool {
+        self.0.load(Ordering::Acquire) == ABANDONED
     }
 
     /// The deadline's side: true when nothing of the request is or will be
@@ -397,6 +408,7 @@ mod tests {
         let deadline = committed.clone();
         assert!(committed.commit());
         assert!(committed.commit(), "committing again stays committed");
+        assert!(!committed.abandoned());
         assert!(
             !deadline.abandon(),
             "the deadline lost: wait for the outcome"
@@ -404,7 +416,9 @@ mod tests {
 
         let abandoned = Commitment::new();
         let writer = abandoned.clone();
+        assert!(!writer.abandoned(), "undecided");
         assert!(abandoned.abandon());
+        assert!(writer.abandoned());
         assert!(abandoned.abandon());
         assert!(!writer.commit(), "the writer lost: write nothing of it");
     }

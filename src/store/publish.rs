@@ -24,8 +24,8 @@ pub struct PublishRequest {
     pub queue_id: QueueId,
     pub results: Vec<NewResult>,
     /// Shared with the request's HTTP deadline: the batch commits to the
-    /// request before writing anything of it, or leaves it out when the
-    /// deadline won (decision 0014).
+    /// request once its statements ran, just before the `COMMIT`, or
+    /// leaves it out when the deadline won (decision 0014).
     pub commitment: Commitment,
 }
 
@@ -60,6 +60,14 @@ pub type RenderPublished = fn(&[(EventId, i64)]) -> Result<Value>;
 /// meanwhile (PostgreSQL: the insert waited for it), nothing was written,
 /// and a new attempt decides against that record. `Err` means the whole
 /// batch failed and nothing was written.
+///
+/// The deadline (decision 0014): a request whose deadline won is left out
+/// (503); the others are committed to ([`Commitment::commit`]) only after
+/// their statements ran, just before the `COMMIT`, because a statement can
+/// wait for a lock for any time and the deadline must still answer 503
+/// then. A request whose deadline passed while its statements ran is not
+/// written: the transaction is rolled back and the batch runs again
+/// without it.
 pub async fn publish_batch(
     db: &Database,
     requests: &[PublishRequest],
@@ -67,13 +75,18 @@ pub async fn publish_batch(
     render: RenderPublished,
 ) -> Result<Option<Vec<Option<Result<Published>>>>, DbErr> {
     let t = now();
-    let written = db
-        .write(async |txn| publish_in(txn, requests, ttl, render, t).await)
-        .await;
-    match written {
-        Ok(outcomes) => Ok(Some(outcomes)),
-        Err(Undone::KeyRecordedMeanwhile) => Ok(None),
-        Err(Undone::Failed(err)) => Err(err),
+    loop {
+        let written = db
+            .write(async |txn| publish_in(txn, requests, ttl, render, t).await)
+            .await;
+        match written {
+            Ok(outcomes) => return Ok(Some(outcomes)),
+            // Ends: each such attempt found a request abandoned that was
+            // not at its start, and the next attempt leaves it out.
+            Err(Undone::AbandonedMeanwhile) => {}
+            Err(Undone::KeyRecordedMeanwhile) => return Ok(None),
+            Err(Undone::Failed(err)) => return Err(err),
+        }
     }
 }
 
@@ -81,6 +94,9 @@ pub async fn publish_batch(
 enum Undone {
     /// A concurrent transaction recorded one of the keys (PostgreSQL).
     KeyRecordedMeanwhile,
+    /// The deadline of a request of the batch passed while its statements
+    /// ran (its caller was answered 503): roll back, run again without it.
+    AbandonedMeanwhile,
     Failed(DbErr),
 }
 
@@ -104,11 +120,9 @@ async fn publish_in(
     let mut seen = HashSet::new();
     let mut fresh = Vec::new();
     for (i, request) in requests.iter().enumerate() {
-        if !request.commitment.commit() {
-            // Its deadline passed (and answered 503) while the batch
-            // waited for the write lock: nothing of it is written
-            // (http-api.md §1). From here on, a request the batch took
-            // waits for this batch's outcome, deadline or not.
+        if request.commitment.abandoned() {
+            // Its deadline passed (and answered 503) before the batch got
+            // to it: nothing of it is written (http-api.md §1).
             outcomes[i] = Some(Err(Error::unavailable("the request passed its deadline")));
             continue;
         }
@@ -151,6 +165,16 @@ async fn publish_in(
     let inserted = idempotency::insert_finished(txn, &records, t, t.plus(ttl)).await?;
     if inserted != records.len() as u64 {
         return Err(Undone::KeyRecordedMeanwhile);
+    }
+    // Only the `COMMIT` is left: from here on, a request written here waits
+    // for this batch's outcome, deadline or not. Every one is asked, so
+    // that a new attempt finds all of them decided.
+    let mut abandoned = false;
+    for (i, _) in &finished {
+        abandoned |= !requests[*i].commitment.commit();
+    }
+    if abandoned {
+        return Err(Undone::AbandonedMeanwhile);
     }
     Ok(outcomes)
 }

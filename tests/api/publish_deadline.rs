@@ -6,8 +6,18 @@
 
 use std::time::Duration;
 
+use orbit_events::{
+    domain::{CredentialId, EventId, QueueId, ResultType, now},
+    error::ErrorCode,
+    journal::NewResult,
+    store::{
+        Commitment,
+        idempotency::{IdempotencyKey, WriteIdentity},
+        publish::{PublishRequest, Published, publish_each},
+    },
+};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, Statement};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::{helpers::*, http_support::eventually};
 
@@ -75,5 +85,100 @@ async fn a_publish_whose_batch_waits_for_a_lock_past_its_deadline_answers_503_an
         ))
         .await;
     assert_eq!(events, 1);
+    app.assert_invariants().await;
+}
+
+/// One publish request of one result, as the HTTP handler builds it.
+fn request(cred: &Cred, key: &str) -> PublishRequest {
+    let result = NewResult {
+        result_type: ResultType::Succeeded,
+        aggregate_id: format!("task-{key}"),
+        aggregate_revision: "1".to_owned(),
+        occurred_at: now(),
+        details: r#"{"state":"SUCCEEDED"}"#.to_owned(),
+        snapshot: r#"{"state":"SUCCEEDED"}"#.to_owned(),
+    };
+    PublishRequest {
+        identity: WriteIdentity::new(
+            &CredentialId::parse(&cred.credential_id).unwrap(),
+            IdempotencyKey::parse(key).unwrap(),
+            "results.publish",
+            &cred.queue_id,
+            &json!({ "key": key }),
+        )
+        .unwrap(),
+        queue_id: QueueId::parse(&cred.queue_id).unwrap(),
+        results: vec![result],
+        commitment: Commitment::new(),
+    }
+}
+
+fn render(events: &[(EventId, i64)]) -> orbit_events::error::Result<Value> {
+    Ok(json!({ "sequences": events.iter().map(|(_, s)| *s).collect::<Vec<_>>() }))
+}
+
+/// Decision 0014, on PostgreSQL (where a batch's statements wait for
+/// locks; a SQLite batch holds the write lock from its `BEGIN`): a request
+/// whose deadline passes while its batch's statements for it wait is
+/// still the deadline's to decide; the batch then leaves it out — nothing
+/// of it written — and commits the others of the batch.
+#[actix_web::test]
+async fn a_request_whose_deadline_passes_while_its_batch_waits_for_a_lock_is_left_out_and_the_others_are_written()
+ {
+    if skip_unless_postgres() {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let (late, kept) = (request(&cred, "late"), request(&cred, "kept"));
+    let (late_deadline, kept_deadline) = (late.commitment.clone(), kept.commitment.clone());
+
+    let (blocker, txn) = hold_appends(&app, &cred.queue_id).await;
+    let db = app.db.clone();
+    let batch = actix_web::rt::spawn(async move {
+        publish_each(&db, &[late, kept], Duration::from_secs(3600), render).await
+    });
+    eventually("the batch waits for the queue row", || async {
+        let waiting = app
+            .scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .await;
+        (waiting > 0).then_some(())
+    })
+    .await;
+    // Its statements wait: the deadline still decides it.
+    assert!(
+        late_deadline.abandon(),
+        "the batch committed to a request before writing it"
+    );
+    txn.rollback().await.unwrap();
+    blocker.close().await.unwrap();
+
+    let outcomes = batch.await.unwrap();
+    match &outcomes[0] {
+        Err(err) => assert_eq!(err.code(), ErrorCode::Unavailable, "{err:?}"),
+        Ok(other) => panic!("the abandoned request was answered {other:?}"),
+    }
+    match &outcomes[1] {
+        Ok(Published::Fresh(data)) => assert_eq!(data["sequences"], json!([1])),
+        other => panic!("the other request was answered {other:?}"),
+    }
+    assert!(
+        !kept_deadline.abandon(),
+        "the written request was committed to"
+    );
+    let q = &cred.queue_id;
+    let events: Vec<String> = app
+        .column(&format!(
+            "SELECT aggregate_id FROM result_events WHERE queue_id = '{q}'"
+        ))
+        .await;
+    assert_eq!(events, vec!["task-kept".to_owned()]);
+    let keys: Vec<String> = app
+        .column("SELECT key FROM idempotency_records ORDER BY key")
+        .await;
+    assert_eq!(keys, vec!["kept".to_owned()]);
     app.assert_invariants().await;
 }
