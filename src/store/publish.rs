@@ -166,7 +166,8 @@ async fn publish_in(
     if inserted != records.len() as u64 {
         return Err(Undone::KeyRecordedMeanwhile);
     }
-    // Only the `COMMIT` is left: from here on, a request written here waits
+    // Only the `COMMIT` is left (on SQLite: the rest of this write round,
+    // then its `COMMIT`): from here on, a request written here waits
     // for this batch's outcome, deadline or not. Every one is asked, so
     // that a new attempt finds all of them decided.
     let mut abandoned = false;
