@@ -41,6 +41,10 @@ enum Command {
     /// delivery materialized, leased, ACKed, audit record), B per
     /// transaction, with no service in between (see docs/performance.md).
     Floor(FloorArgs),
+    /// The disk's durable-write latency: 4 KiB appends, each followed by
+    /// `fdatasync`, in the scratch folder (what one commit waits for at
+    /// least).
+    Fsync(FsyncArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -181,6 +185,15 @@ struct FloorArgs {
     repeat: usize,
 }
 
+#[derive(clap::Args)]
+struct FsyncArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Appends, each synced.
+    #[arg(short = 'n', long, default_value_t = 3_000)]
+    count: usize,
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -191,6 +204,7 @@ fn main() -> Result<()> {
             Command::Run(args) => run(args).await,
             Command::Idle(args) => idle(args).await,
             Command::Floor(args) => floor_table(args).await,
+            Command::Fsync(args) => fsync_latency(args),
         }
     })
 }
@@ -619,5 +633,41 @@ async fn floor_table(args: FloorArgs) -> Result<()> {
             shape.batch, shape.commits_per_batch
         );
     }
+    Ok(())
+}
+
+fn fsync_latency(args: FsyncArgs) -> Result<()> {
+    use std::io::Write;
+    let dir = tempfile::Builder::new()
+        .prefix("fsync-bench-")
+        .tempdir_in(scratch(&args.common))?;
+    let mut file = std::fs::File::create(dir.path().join("appends"))?;
+    let block = vec![0x5a_u8; 4096];
+    let load_before = load_average();
+    let mut millis = Vec::with_capacity(args.count);
+    let started = std::time::Instant::now();
+    for _ in 0..args.count {
+        let t = std::time::Instant::now();
+        file.write_all(&block)?;
+        file.sync_data()?;
+        millis.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let per_second = args.count as f64 / started.elapsed().as_secs_f64();
+    millis.sort_by(f64::total_cmp);
+    let at = |q: f64| millis[((q * millis.len() as f64) as usize).min(millis.len() - 1)];
+    println!(
+        "orbit-bench fsync: {} appends of 4 KiB, each followed by fdatasync; {} cores; load average {} before, {} after",
+        args.count,
+        cores(),
+        load_before,
+        load_average()
+    );
+    println!(
+        "p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms; {per_second:.0} synced appends/s",
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        at(1.0)
+    );
     Ok(())
 }
