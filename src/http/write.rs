@@ -67,5 +67,5 @@ where
 
 /// The response `data` of a write as stored in its idempotency record.
 pub fn to_data(data: &impl serde::Serialize) -> Result<Value> {
-    serde_json::to_value(data).map_err(crate::error::Error::internal)
+    serde_json::to_value(data).map_err(Error::internal)
 }

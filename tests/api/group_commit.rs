@@ -432,20 +432,7 @@ mod publishes {
         blocker.close().await.unwrap();
         // Nothing of it was written, not even once the batch got the lock:
         // the same key applies afresh (201, not a 200 replay).
-        let res = crate::http_support::eventually("a publish after the deadline", || async {
-            let res = app.post(&path, &cred.token, "slow", &body).await;
-            (res.status != 503).then_some(res)
-        })
-        .await;
-        assert_eq!(res.status, 201, "{:#}", res.body);
-        assert_eq!(res.data()["deduplicated"], false);
-        let events = app
-            .scalar(&format!(
-                "SELECT COUNT(*) FROM result_events WHERE queue_id = '{}'",
-                cred.queue_id
-            ))
-            .await;
-        assert_eq!(events, 1);
+        crate::http_support::assert_publish_key_applies_afresh(&app, &cred, "slow", &body, 1).await;
         app.assert_invariants().await;
     }
 

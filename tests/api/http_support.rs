@@ -262,6 +262,23 @@ pub async fn sibling(
 pub async fn hold_idempotency_writes(
     app: &TestApp,
 ) -> (sea_orm::DatabaseConnection, sea_orm::DatabaseTransaction) {
+    hold_from_outside(
+        app,
+        "DELETE FROM idempotency_records WHERE 1 = 0",
+        "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
+    )
+    .await
+}
+
+/// Runs `sqlite` or `postgres` (by the node's backend) in a transaction
+/// of a connection of the test's own, and keeps that transaction open:
+/// whatever it locks stays locked until the test rolls the transaction
+/// back and closes the connection.
+pub async fn hold_from_outside(
+    app: &TestApp,
+    sqlite: &str,
+    postgres: &str,
+) -> (sea_orm::DatabaseConnection, sea_orm::DatabaseTransaction) {
     use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
     let blocker = sea_orm::Database::connect(app.settings.database.url.as_str())
         .await
@@ -269,11 +286,39 @@ pub async fn hold_idempotency_writes(
     let backend = blocker.get_database_backend();
     let txn = blocker.begin().await.unwrap();
     let lock = match backend {
-        sea_orm::DbBackend::Sqlite => "DELETE FROM idempotency_records WHERE 1 = 0",
-        _ => "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
+        sea_orm::DbBackend::Sqlite => sqlite,
+        _ => postgres,
     };
     txn.execute_raw(Statement::from_string(backend, lock.to_owned()))
         .await
         .unwrap();
     (blocker, txn)
+}
+
+/// After a publish answered 503 at its deadline: once writes go through
+/// again, the same key applies afresh (201, not a 200 replay), and the
+/// queue holds exactly `events` events — nothing of the abandoned request
+/// was written.
+pub async fn assert_publish_key_applies_afresh(
+    app: &TestApp,
+    cred: &Cred,
+    key: &str,
+    body: &serde_json::Value,
+    events: i64,
+) {
+    let path = format!("/v1/queues/{}/results", cred.queue_id);
+    let res = eventually("a publish after the deadline", || async {
+        let res = app.post(&path, &cred.token, key, body).await;
+        (res.status != 503).then_some(res)
+    })
+    .await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    assert_eq!(res.data()["deduplicated"], false);
+    let appended = app
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM result_events WHERE queue_id = '{}'",
+            cred.queue_id
+        ))
+        .await;
+    assert_eq!(appended, events);
 }

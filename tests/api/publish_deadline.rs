@@ -16,10 +16,13 @@ use orbit_events::{
         publish::{PublishRequest, Published, publish_each},
     },
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, Statement};
+use sea_orm::{DatabaseConnection, DatabaseTransaction};
 use serde_json::{Value, json};
 
-use crate::{helpers::*, http_support::eventually};
+use crate::{
+    helpers::*,
+    http_support::{assert_publish_key_applies_afresh, eventually, hold_from_outside},
+};
 
 /// Holds, from outside the node, what an append of `queue_id` writes first:
 /// PostgreSQL, its queue row (`FOR NO KEY UPDATE`: the publish's counter
@@ -27,20 +30,8 @@ use crate::{helpers::*, http_support::eventually};
 /// second connection's write transaction). Roll the transaction back and
 /// close the connection to release.
 async fn hold_appends(app: &TestApp, queue_id: &str) -> (DatabaseConnection, DatabaseTransaction) {
-    use sea_orm::TransactionTrait;
-    let blocker = sea_orm::Database::connect(app.settings.database.url.as_str())
-        .await
-        .unwrap();
-    let backend = blocker.get_database_backend();
-    let txn = blocker.begin().await.unwrap();
-    let lock = match backend {
-        sea_orm::DbBackend::Sqlite => "DELETE FROM queues WHERE 1 = 0".to_owned(),
-        _ => format!("SELECT id FROM queues WHERE id = '{queue_id}' FOR NO KEY UPDATE"),
-    };
-    txn.execute_raw(Statement::from_string(backend, lock))
-        .await
-        .unwrap();
-    (blocker, txn)
+    let pg = format!("SELECT id FROM queues WHERE id = '{queue_id}' FOR NO KEY UPDATE");
+    hold_from_outside(app, "DELETE FROM queues WHERE 1 = 0", &pg).await
 }
 
 /// http-api.md §1, decision 0014: a publish whose batch has taken it but
@@ -72,19 +63,7 @@ async fn a_publish_whose_batch_waits_for_a_lock_past_its_deadline_answers_503_an
 
     // Nothing of it was written, not even once its batch got the lock:
     // the same key applies afresh (201, not a 200 replay), one event.
-    let res = eventually("a publish after the lock is released", || async {
-        let res = app.post(&path, &cred.token, "held", &body).await;
-        (res.status != 503).then_some(res)
-    })
-    .await;
-    assert_eq!(res.status, 201, "{:#}", res.body);
-    assert_eq!(res.data()["deduplicated"], false);
-    let events = app
-        .scalar(&format!(
-            "SELECT COUNT(*) FROM result_events WHERE queue_id = '{q}'"
-        ))
-        .await;
-    assert_eq!(events, 1);
+    assert_publish_key_applies_afresh(&app, &cred, "held", &body, 1).await;
     app.assert_invariants().await;
 }
 

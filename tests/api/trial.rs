@@ -5,12 +5,33 @@
 use std::process::{Command, Output};
 
 fn orbit_events(args: &[&str], database_url: &str) -> Output {
+    orbit_events_in(std::path::Path::new("."), args, database_url)
+}
+
+/// `orbit-events ARGS` run in the folder `dir`.
+fn orbit_events_in(dir: &std::path::Path, args: &[&str], database_url: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_orbit-events"))
         .args(args)
+        .current_dir(dir)
         .env("ORBIT_EVENTS__DATABASE__URL", database_url)
         .env_remove("RUST_LOG")
         .output()
         .unwrap()
+}
+
+/// The arguments of a bootstrap of the `demo` namespace, then `extra`.
+fn bootstrap_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "bootstrap",
+        "--namespace",
+        "demo",
+        "--application",
+        "app",
+        "--queue",
+        "results",
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 #[actix_web::test]
@@ -18,18 +39,7 @@ async fn bootstrap_without_an_access_flag_creates_a_credential_without_permissio
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cli.db");
     let url = format!("sqlite://{}?mode=rwc", file.display());
-    let out = orbit_events(
-        &[
-            "bootstrap",
-            "--namespace",
-            "demo",
-            "--application",
-            "app",
-            "--queue",
-            "results",
-        ],
-        &url,
-    );
+    let out = orbit_events(&bootstrap_args(&[]), &url);
     assert_eq!(out.status.code(), Some(0));
     let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(printed["permissions"], serde_json::json!([]), "{printed}");
@@ -52,25 +62,11 @@ async fn bootstrap_names_the_database_file_it_wrote_the_credential_to_resolved()
     // Run where a relative SQLite URL lands somewhere unexpected: the
     // token only works on nodes of that file, so the command names it.
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_orbit-events"))
-        .args([
-            "bootstrap",
-            "--namespace",
-            "demo",
-            "--application",
-            "app",
-            "--queue",
-            "results",
-            "--event-access",
-        ])
-        .current_dir(dir.path())
-        .env(
-            "ORBIT_EVENTS__DATABASE__URL",
-            "sqlite://var/here.db?mode=rwc",
-        )
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
+    let out = orbit_events_in(
+        dir.path(),
+        &bootstrap_args(&["--event-access"]),
+        "sqlite://var/here.db?mode=rwc",
+    );
     assert_eq!(out.status.code(), Some(0));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let file = std::path::absolute(dir.path().join("var/here.db")).unwrap();
