@@ -62,16 +62,27 @@ pub fn token_digest(token: &str) -> String {
 /// Authenticates the request's `Authorization: Bearer` header: missing,
 /// malformed, unknown or revoked → 401 `UNAUTHENTICATED`.
 pub async fn authenticate(req: &HttpRequest, db: &Database) -> Result<Principal> {
-    let header = req
+    let mut headers = req
         .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
+        .get_all(actix_web::http::header::AUTHORIZATION);
+    let header = headers
+        .next()
         .ok_or_else(|| Error::unauthenticated("missing Authorization: Bearer header"))?;
+    // Two credentials in one request: neither is trusted (the first
+    // winning would let a proxy's header be overridden, or the reverse).
+    if headers.next().is_some() {
+        return Err(Error::unauthenticated(
+            "more than one Authorization header; send exactly one",
+        ));
+    }
     let value = header
         .to_str()
         .map_err(|_| Error::unauthenticated("malformed Authorization header"))?;
+    // The scheme is case-insensitive (RFC 9110 §11.1).
     let token = value
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty() && !t.contains(' '))
         .ok_or_else(|| Error::unauthenticated("malformed Authorization header; expected Bearer"))?;
     authenticate_token(token, db).await

@@ -164,6 +164,9 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
         port = app.port(),
         node = app.state().node_id,
     );
+    if let Some(port) = app.metrics_port() {
+        tracing::info!("metrics on http://{host}:{port}/metrics (server.metrics_listen)");
+    }
     tracing::info!(
         "next: create a credential with `cargo run --release -- bootstrap --namespace demo \
          --application app --queue results --event-access --publish-access`, then follow \

@@ -32,6 +32,11 @@ pub struct ServerSettings {
     pub listen: String,
     /// Exact `Origin` values allowed to open a WebSocket.
     pub allowed_origins: Vec<String>,
+    /// `host:port` of a second listener for `/metrics` (with `/healthz` and
+    /// `/readyz`); when set, the API listener answers `/metrics` with 404.
+    /// `None`: `/metrics` is served on `listen`.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 /// `[database]`.

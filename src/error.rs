@@ -94,6 +94,9 @@ struct Inner {
     /// Set when the error leaves the envelope middleware as an `Err` (the
     /// deadline); `error_response` then renders the whole envelope itself.
     request_id: Option<String>,
+    /// The database error an `UNAVAILABLE` came from (for the writer, which
+    /// replaces a write connection after a fault; decision 0076).
+    cause: Option<DbErr>,
 }
 
 /// Result alias for the service.
@@ -108,6 +111,7 @@ impl Error {
             status: None,
             headers: Vec::new(),
             request_id: None,
+            cause: None,
         }))
     }
 
@@ -236,8 +240,24 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 impl From<DbErr> for Error {
+    /// `UNAVAILABLE`. A fault of the database (a full disk, a lost
+    /// connection) is logged once per episode by the writer, not per
+    /// request; any other database error is logged here.
     fn from(err: DbErr) -> Error {
-        Error::internal(format_args!("database: {err}"))
+        let mut e = if crate::store::writer::fault_cause(&err).is_some() {
+            tracing::debug!(error = %err, "database fault answered as UNAVAILABLE");
+            Error::unavailable("the database is unavailable; retry later")
+        } else {
+            Error::internal(format_args!("database: {err}"))
+        };
+        e.0.cause = Some(err);
+        e
+    }
+}
+
+impl crate::store::WriteError for Error {
+    fn database_error(&self) -> Option<&DbErr> {
+        self.0.cause.as_ref()
     }
 }
 

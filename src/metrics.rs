@@ -24,7 +24,7 @@ use prometheus_client::{
 use crate::{
     delivery::pool::PoolStats,
     domain::{ApplicationId, QueueId},
-    store::backlog::Backlog,
+    store::{WriterStats, backlog::Backlog, writer::FaultCause},
 };
 
 /// The `Content-Type` of `GET /metrics`.
@@ -154,6 +154,17 @@ struct PurgedLabels {
     kind: Purged,
 }
 
+impl EncodeLabelValue for FaultCause {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultLabels {
+    cause: FaultCause,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn latency_histogram() -> Histogram {
@@ -182,6 +193,9 @@ pub struct Metrics {
     deliveries: Family<OutcomeLabels, Counter>,
     database_errors: Family<OperationLabels, Counter>,
     purged: Family<PurgedLabels, Counter>,
+    write_faults: Family<FaultLabels, Counter>,
+    write_connections_replaced: Counter,
+    writes_refused: Gauge,
 
     appended: Family<QueueLabels, Counter>,
     materialized: Family<QueueLabels, Counter>,
@@ -223,6 +237,9 @@ impl Metrics {
             deliveries: Family::default(),
             database_errors: Family::default(),
             purged: Family::default(),
+            write_faults: Family::default(),
+            write_connections_replaced: Counter::default(),
+            writes_refused: Gauge::default(),
             appended: Family::default(),
             materialized: Family::default(),
             delivered: Family::default(),
@@ -317,6 +334,21 @@ impl Metrics {
             "purged",
             "Rows removed by retention, by kind",
             self.purged.clone(),
+        );
+        r.register(
+            "write_faults",
+            "Write transactions that failed on a fault of the database (answered UNAVAILABLE), by cause",
+            self.write_faults.clone(),
+        );
+        r.register(
+            "write_connections_replaced",
+            "SQLite write connections closed and replaced after a fault",
+            self.write_connections_replaced.clone(),
+        );
+        r.register(
+            "writes_refused",
+            "1 while the database refuses writes (from a fault until a write commits again), else 0",
+            self.writes_refused.clone(),
         );
         r.register(
             "appended",
@@ -449,9 +481,33 @@ impl Metrics {
     }
 
     /// The text exposition: the pool gauges from `pool`, the queue and
-    /// subscription gauges from `backlog` (both read just before).
-    pub fn encode(&self, pool: &PoolStats, backlog: &Backlog) -> Result<String, std::fmt::Error> {
+    /// subscription gauges from `backlog`, the writer's from `writer` (all
+    /// read just before).
+    pub fn encode(
+        &self,
+        pool: &PoolStats,
+        backlog: &Backlog,
+        writer: &WriterStats,
+    ) -> Result<String, std::fmt::Error> {
         let _guard = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        // The writer counts on its own (it has no metrics handle); counters
+        // catch up with its totals here.
+        let catch_up = |c: &Counter, total: u64| {
+            c.inc_by(total.saturating_sub(c.get()));
+        };
+        for (cause, total) in &writer.faults {
+            catch_up(
+                &self
+                    .write_faults
+                    .get_or_create(&FaultLabels { cause: *cause }),
+                *total,
+            );
+        }
+        catch_up(
+            &self.write_connections_replaced,
+            writer.connections_replaced,
+        );
+        self.writes_refused.set(i64::from(writer.refusing));
         let gauge = |g: &Gauge, v: usize| {
             g.set(i64::try_from(v).unwrap_or(i64::MAX));
         };

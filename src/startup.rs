@@ -11,9 +11,7 @@ use std::{
 
 use actix::Actor;
 use actix_web::{
-    App, HttpServer,
     dev::{Server, ServerHandle},
-    middleware::from_fn,
     web,
 };
 use sea_orm::DbBackend;
@@ -182,7 +180,12 @@ impl Application {
             })
             .map_err(StartupError::Thread)?;
 
+        let metrics_listener = match &settings.server.metrics_listen {
+            Some(address) => Some(bind(address)?),
+            None => None,
+        };
         let state = AppState {
+            metrics_addr: metrics_listener.as_ref().map(|(_, addr)| *addr),
             db,
             settings: settings.clone(),
             scanner,
@@ -195,38 +198,21 @@ impl Application {
             shutdown: Shutdown::new(),
         };
 
-        let listener =
-            TcpListener::bind(&settings.server.listen).map_err(|source| StartupError::Listen {
-                address: settings.server.listen.clone(),
-                source,
-            })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Listen {
-                address: settings.server.listen.clone(),
-                source,
-            })?
-            .port();
+        let (listener, addr) = bind(&settings.server.listen)?;
+        let port = addr.port();
 
         let user_timeout = settings.timing.write_timeout();
         let data = web::Data::new(state.clone());
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(data.clone())
-                .wrap(from_fn(http::envelope::envelope))
-                .configure(http::routes)
-        })
-        .on_connect(move |conn, _| set_tcp_user_timeout(conn, user_timeout))
-        // Signals are ours (`run_until_signal`): WebSocket connections must
-        // drain and close with 1001 before the server stops.
-        .disable_signals()
-        .shutdown_timeout(5)
-        .listen(listener)
-        .map_err(|source| StartupError::Listen {
-            address: settings.server.listen.clone(),
-            source,
-        })?
-        .run();
+        let mut listeners = vec![listener];
+        listeners.extend(metrics_listener.map(|(listener, _)| listener));
+        // The metrics listener serves the same app; the envelope middleware
+        // keeps each route to its listener.
+        let server = http::server::serve(listeners, data, user_timeout).map_err(|source| {
+            StartupError::Listen {
+                address: settings.server.listen.clone(),
+                source,
+            }
+        })?;
 
         Ok(Application {
             port,
@@ -239,6 +225,11 @@ impl Application {
     /// The bound port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The bound port of `server.metrics_listen`, when set.
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.state.metrics_addr.map(|a| a.port())
     }
 
     /// The shared state (database, actors), for tests and tools.
@@ -400,17 +391,26 @@ async fn drain(state: &AppState, handle: ServerHandle) {
             _ => break,
         }
     }
-    let closed = async {
-        let txn = state.db.begin_write().await?;
-        let n = sessions::close_node_sessions(&txn, &state.node_id).await?;
-        txn.commit().await.map(|()| n)
-    };
+    let closed = state
+        .db
+        .write_alone(async |txn| sessions::close_node_sessions(txn, &state.node_id).await);
     match closed.await {
         Ok(n) if n > 0 => tracing::info!(sessions = n, "closed this node's remaining sessions"),
         Ok(_) => {}
         Err(err) => tracing::warn!(error = %err, "could not close this node's sessions"),
     }
     handle.stop(!state.shutdown.is_prompt()).await;
+}
+
+/// Binds `address` (`host:port`); the error names it.
+fn bind(address: &str) -> Result<(TcpListener, std::net::SocketAddr), StartupError> {
+    let failed = |source| StartupError::Listen {
+        address: address.to_owned(),
+        source,
+    };
+    let listener = TcpListener::bind(address).map_err(failed)?;
+    let addr = listener.local_addr().map_err(failed)?;
+    Ok((listener, addr))
 }
 
 /// The next SIGTERM or SIGINT.
@@ -421,18 +421,6 @@ async fn next_signal() -> std::io::Result<()> {
     tokio::select! {
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
-    }
-}
-
-/// A socket whose peer stops reading is dropped by the kernel after
-/// `timeout` of unacknowledged data (stack-notes.md: actix-http itself never
-/// frees it).
-fn set_tcp_user_timeout(conn: &dyn std::any::Any, timeout: Duration) {
-    if let Some(stream) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-        let sock = socket2::SockRef::from(stream);
-        if let Err(err) = sock.set_tcp_user_timeout(Some(timeout)) {
-            tracing::warn!(error = %err, "could not set TCP_USER_TIMEOUT");
-        }
     }
 }
 
@@ -585,6 +573,11 @@ impl NodeThread {
     /// The bound port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The bound port of `server.metrics_listen`, when set.
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.state.metrics_addr.map(|a| a.port())
     }
 
     /// The node's shared state (its actors, its [`Shutdown`]).

@@ -32,4 +32,6 @@ pub struct AppState {
     pub node_id: NodeId,
     /// Tells connections to drain and close (1001) when the node stops.
     pub shutdown: Shutdown,
+    /// The bound address of `server.metrics_listen`, when set.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }

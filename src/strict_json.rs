@@ -38,35 +38,279 @@ impl fmt::Display for StrictJsonError {
 impl std::error::Error for StrictJsonError {}
 
 /// Checks that `bytes` is one JSON document with no duplicate key at any
-/// depth and nothing after it.
+/// depth and nothing after it. Numbers are checked against the grammar
+/// only, never converted: a result may hold `1E400` (it is kept byte-exact,
+/// delivery-model.md §3).
 pub fn check_document(bytes: &[u8]) -> Result<(), StrictJsonError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    DupWalk { path: "" }
-        .deserialize(&mut de)
-        .and_then(|()| de.end())
-        .map_err(|err| {
-            let text = strip_position(&err.to_string());
-            match text.strip_prefix(DUP_MARK) {
-                Some(rest) => match rest.split_once('\u{0}') {
-                    Some((path, key)) => StrictJsonError {
-                        path: if path.is_empty() {
-                            ".".to_owned()
-                        } else {
-                            path.to_owned()
-                        },
-                        message: format!("duplicate key `{key}`"),
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Walk { text, at: 0 }.document(),
+        Err(_) => Err(Walk::invalid(bytes)),
+    }
+}
+
+/// Object and array nesting accepted at most (serde_json's limit).
+const MAX_DEPTH: usize = 128;
+
+/// A single pass over the raw text of a document: its grammar, and every
+/// object's keys (compared unescaped).
+struct Walk<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl Walk<'_> {
+    fn document(mut self) -> Result<(), StrictJsonError> {
+        self.value("", 0)?;
+        self.space();
+        if self.at != self.text.len() {
+            return Err(self.fail());
+        }
+        Ok(())
+    }
+
+    /// The error for a document that is not JSON: serde_json's own message
+    /// (as before this walker existed), without its position.
+    fn invalid(bytes: &[u8]) -> StrictJsonError {
+        let text = match serde_json::from_slice::<de::IgnoredAny>(bytes) {
+            Err(err) => strip_position(&err.to_string()),
+            Ok(_) => "not a single JSON document".to_owned(),
+        };
+        StrictJsonError {
+            path: ".".to_owned(),
+            message: format!("not valid JSON: {text}"),
+        }
+    }
+
+    fn fail(&self) -> StrictJsonError {
+        Walk::invalid(self.text.as_bytes())
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> Result<(), StrictJsonError> {
+        if self.peek() == Some(byte) {
+            self.at += 1;
+            Ok(())
+        } else {
+            Err(self.fail())
+        }
+    }
+
+    fn value(&mut self, path: &str, depth: usize) -> Result<(), StrictJsonError> {
+        self.space();
+        match self.peek() {
+            Some(b'{') => self.object(path, depth + 1),
+            Some(b'[') => self.array(path, depth + 1),
+            Some(b'"') => self.string().map(drop),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.literal("true"),
+            Some(b'f') => self.literal("false"),
+            Some(b'n') => self.literal("null"),
+            _ => Err(self.fail()),
+        }
+    }
+
+    fn object(&mut self, path: &str, depth: usize) -> Result<(), StrictJsonError> {
+        if depth > MAX_DEPTH {
+            return Err(self.fail());
+        }
+        self.eat(b'{')?;
+        self.space();
+        if self.peek() == Some(b'}') {
+            self.at += 1;
+            return Ok(());
+        }
+        let mut seen: HashSet<String> = HashSet::new();
+        loop {
+            self.space();
+            let key = self.string()?;
+            let inner = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            if seen.contains(&key) {
+                return Err(StrictJsonError {
+                    path: if path.is_empty() {
+                        ".".to_owned()
+                    } else {
+                        path.to_owned()
                     },
-                    None => StrictJsonError {
-                        path: ".".to_owned(),
-                        message: text,
-                    },
-                },
-                None => StrictJsonError {
-                    path: ".".to_owned(),
-                    message: format!("not valid JSON: {text}"),
-                },
+                    message: format!("duplicate key `{key}`"),
+                });
             }
-        })
+            self.space();
+            self.eat(b':')?;
+            self.value(&inner, depth)?;
+            seen.insert(key);
+            self.space();
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b'}') => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.fail()),
+            }
+        }
+    }
+
+    fn array(&mut self, path: &str, depth: usize) -> Result<(), StrictJsonError> {
+        if depth > MAX_DEPTH {
+            return Err(self.fail());
+        }
+        self.eat(b'[')?;
+        self.space();
+        if self.peek() == Some(b']') {
+            self.at += 1;
+            return Ok(());
+        }
+        let mut index = 0usize;
+        loop {
+            self.value(&format!("{path}[{index}]"), depth)?;
+            index += 1;
+            self.space();
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b']') => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.fail()),
+            }
+        }
+    }
+
+    /// A string, unescaped.
+    fn string(&mut self) -> Result<String, StrictJsonError> {
+        self.eat(b'"')?;
+        let mut out = String::new();
+        loop {
+            let start = self.at;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.at += 1;
+            }
+            out.push_str(&self.text[start..self.at]);
+            match self.peek() {
+                Some(b'"') => {
+                    self.at += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    self.at += 1;
+                    self.escape(&mut out)?;
+                }
+                _ => return Err(self.fail()),
+            }
+        }
+    }
+
+    fn escape(&mut self, out: &mut String) -> Result<(), StrictJsonError> {
+        let Some(b) = self.peek() else {
+            return Err(self.fail());
+        };
+        self.at += 1;
+        let c = match b {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let high = self.hex4()?;
+                let code = if (0xd800..0xdc00).contains(&high)
+                    && self.text[self.at..].starts_with("\\u")
+                {
+                    self.at += 2;
+                    let low = self.hex4()?;
+                    if !(0xdc00..0xe000).contains(&low) {
+                        return Err(self.fail());
+                    }
+                    0x10000 + ((high - 0xd800) << 10) + (low - 0xdc00)
+                } else {
+                    high
+                };
+                // A lone surrogate has no character: kept as U+FFFD for the
+                // key comparison (a value keeps its raw text anyway).
+                char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER)
+            }
+            _ => return Err(self.fail()),
+        };
+        out.push(c);
+        Ok(())
+    }
+
+    fn hex4(&mut self) -> Result<u32, StrictJsonError> {
+        let digits = self
+            .text
+            .get(self.at..self.at + 4)
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| self.fail())?;
+        self.at += 4;
+        u32::from_str_radix(digits, 16).map_err(|_| self.fail())
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, not converted.
+    fn number(&mut self) -> Result<(), StrictJsonError> {
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.at += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(self.fail()),
+        }
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            self.some_digits()?;
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.at += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.at += 1;
+            }
+            self.some_digits()?;
+        }
+        Ok(())
+    }
+
+    fn digits(&mut self) {
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.at += 1;
+        }
+    }
+
+    fn some_digits(&mut self) -> Result<(), StrictJsonError> {
+        let start = self.at;
+        self.digits();
+        if self.at == start {
+            return Err(self.fail());
+        }
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &str) -> Result<(), StrictJsonError> {
+        if self.text[self.at..].starts_with(word) {
+            self.at += word.len();
+            Ok(())
+        } else {
+            Err(self.fail())
+        }
+    }
 }
 
 /// Parses a strict JSON document into `T` (which should use
@@ -162,8 +406,6 @@ fn strip_position(msg: &str) -> String {
         None => msg.to_owned(),
     }
 }
-
-const DUP_MARK: &str = "\u{0}dup\u{0}";
 
 /// A deserializer that builds structs from JSON objects only. serde's
 /// derive also accepts a struct written as an array of its field values in
@@ -408,77 +650,6 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Map<A> {
     }
 }
 
-/// Walks any JSON value, refusing duplicate keys. `path` is the location of
-/// the value being walked, for the error message.
-struct DupWalk<'a> {
-    path: &'a str,
-}
-
-impl<'de> DeserializeSeed<'de> for DupWalk<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DupWalk<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut index = 0usize;
-        loop {
-            let path = format!("{}[{index}]", self.path);
-            if seq.next_element_seed(DupWalk { path: &path })?.is_none() {
-                return Ok(());
-            }
-            index += 1;
-        }
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut seen: HashSet<String> = HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let path = if self.path.is_empty() {
-                key.clone()
-            } else {
-                format!("{}.{key}", self.path)
-            };
-            if seen.contains(&key) {
-                return Err(de::Error::custom(format!(
-                    "{DUP_MARK}{}\u{0}{key}",
-                    self.path
-                )));
-            }
-            map.next_value_seed(DupWalk { path: &path })?;
-            seen.insert(key);
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,6 +682,49 @@ mod tests {
         let v: Outer = parse(br#"{"name":"a","inner":{"capacity":3},"seq":"7"}"#).unwrap();
         assert_eq!(v.name, "a");
         assert_eq!(v.seq, Some(U64Str(7)));
+    }
+
+    #[test]
+    fn numbers_are_checked_by_grammar_and_never_converted() {
+        for ok in [
+            "1E400",
+            "-1e-400",
+            "123456789012345678901234567890.5",
+            "0",
+            "-0.0e+1",
+        ] {
+            check_document(format!(r#"{{"n":{ok}}}"#).as_bytes())
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in ["01", "1.", ".5", "1e", "-", "+1", "1e+", "0x10", "NaN"] {
+            let e = check_document(format!(r#"{{"n":{bad}}}"#).as_bytes()).unwrap_err();
+            assert!(e.message.starts_with("not valid JSON"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn text_that_is_not_json_is_refused_with_the_parsers_message() {
+        for bad in [
+            "",
+            "{",
+            r#"{"a":1,}"#,
+            "[1,]",
+            r#"{"a" 1}"#,
+            "{} {}",
+            r#""\u12""#,
+            "\"tab\there\"",
+            "tru",
+            r#"{"a":"\x"}"#,
+        ] {
+            let e = check_document(bad.as_bytes()).unwrap_err();
+            assert!(e.message.starts_with("not valid JSON"), "{bad:?}: {e}");
+        }
+        assert!(check_document(&[b'"', 0xff, b'"']).is_err());
+        let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+        assert!(check_document(deep.as_bytes()).is_err());
+        let ok = format!("{}{}", "[".repeat(128), "]".repeat(128));
+        assert!(check_document(ok.as_bytes()).is_ok());
+        check_document(r#" {"k\ud83d\ude00":["\n",true,false,null,{}]} "#.as_bytes()).unwrap();
     }
 
     #[test]

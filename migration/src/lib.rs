@@ -8,6 +8,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261130_000001_initial;
 mod m20261130_000065_hot_path_indexes;
 mod m20261130_000066_event_index_without_state;
+mod m20261201_000076_write_probes;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -19,6 +20,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_initial::Migration),
             Box::new(m20261130_000065_hot_path_indexes::Migration),
             Box::new(m20261130_000066_event_index_without_state::Migration),
+            Box::new(m20261201_000076_write_probes::Migration),
         ]
     }
 }

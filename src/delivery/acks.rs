@@ -92,21 +92,30 @@ pub async fn acknowledge_each(
     };
     let unreachable = matches!(err, DbErr::ConnectionAcquire(_) | DbErr::Conn(_));
     if requests.len() == 1 || unreachable {
-        tracing::warn!(error = %err, acks = requests.len(), "ACK batch failed on the database");
+        store::writer::log_failure(
+            &err,
+            &format!("ACK batch of {} failed on the database", requests.len()),
+        );
         let message = err.to_string();
         return requests
             .iter()
             .map(|_| Err(DbErr::Custom(message.clone())))
             .collect();
     }
-    tracing::warn!(error = %err, acks = requests.len(), "ACK batch failed; acknowledging its ACKs one by one");
+    store::writer::log_failure(
+        &err,
+        &format!(
+            "ACK batch of {} failed; acknowledging its ACKs one by one",
+            requests.len()
+        ),
+    );
     let mut outcomes = Vec::with_capacity(requests.len());
     for request in requests {
         let outcome =
             store::ack::acknowledge(db, &request.subscription_id, &request.actor, &request.proof)
                 .await;
         if let Err(err) = &outcome {
-            tracing::warn!(error = %err, "ACK failed on the database");
+            store::writer::log_failure(err, "ACK failed on the database");
         }
         outcomes.push(outcome);
     }

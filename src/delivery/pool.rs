@@ -365,7 +365,13 @@ impl LeasePoolActor {
         let failed = result.is_err();
         if let Err(err) = &result {
             self.metrics.database_error(Operation::Claim);
-            tracing::warn!(error = %err, subscription_id = %req.target.subscription_id, "claim failed");
+            crate::store::writer::log_failure(
+                err,
+                &format!(
+                    "claim for subscription {} failed",
+                    req.target.subscription_id
+                ),
+            );
         }
         tracing::trace!(elapsed_ms = ran.as_millis() as u64, leased, "claim done");
         // The scanner hears of the claim before the connection does, so
@@ -407,7 +413,13 @@ async fn claim_each(
             .map(|_| Err(DbErr::Custom(message.clone())))
             .collect();
     }
-    tracing::warn!(error = %err, claims = claims.len(), "claim batch failed; running its claims one by one");
+    crate::store::writer::log_failure(
+        &err,
+        &format!(
+            "claim batch of {} failed; running its claims one by one",
+            claims.len()
+        ),
+    );
     let mut outcomes = Vec::with_capacity(claims.len());
     for (target, want) in claims {
         outcomes.push(claim::claim(db, target, *want, lease).await);

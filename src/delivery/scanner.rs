@@ -314,7 +314,10 @@ impl ScannerActor {
             Err(err) => {
                 // Retried on the next timer tick; claims report UNAVAILABLE.
                 self.metrics.database_error(Operation::Materialize);
-                tracing::warn!(error = %err, subscription_id = %id, "materialization failed");
+                crate::store::writer::log_failure(
+                    &err,
+                    &format!("materialization of subscription {id} failed"),
+                );
                 sub.dirty = true;
             }
         }

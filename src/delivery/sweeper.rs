@@ -49,13 +49,20 @@ pub struct SweepReport {
     pub sessions: u64,
 }
 
-/// The answer to [`SweepNow`] while another sweep runs.
-pub const SWEEP_RUNNING: &str = "a sweep is already running";
+/// Why a sweep did not run to its end.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SweepError {
+    /// The answer to [`SweepNow`] while another sweep runs.
+    #[error("a sweep is already running")]
+    Running,
+    #[error("database: {0}")]
+    Database(#[from] sea_orm::DbErr),
+}
 
 /// Runs one sweep now and answers with what it did, or
-/// `Err(SWEEP_RUNNING)` when one is already running. Used by tests.
+/// `Err(SweepError::Running)` when one is already running. Used by tests.
 #[derive(Message)]
-#[rtype(result = "Result<SweepReport, String>")]
+#[rtype(result = "Result<SweepReport, SweepError>")]
 pub struct SweepNow;
 
 /// The sweeper actor.
@@ -95,7 +102,7 @@ impl SweeperActor {
     /// The sweep as a future, or `None` while one runs.
     fn sweep(
         &mut self,
-    ) -> Option<impl ActorFuture<Self, Output = Result<SweepReport, String>> + use<>> {
+    ) -> Option<impl ActorFuture<Self, Output = Result<SweepReport, SweepError>> + use<>> {
         let positions = self.positions.take()?;
         let db = self.db.clone();
         let node_id = self.node_id.clone();
@@ -123,7 +130,12 @@ impl SweeperActor {
                 }
                 Err(err) => {
                     act.metrics.database_error(Operation::Sweep);
-                    tracing::warn!(error = %err, "sweep failed; retried at the next interval");
+                    if let SweepError::Database(err) = err {
+                        crate::store::writer::log_failure(
+                            err,
+                            "sweep failed; retried at the next interval",
+                        );
+                    }
                 }
             }
             result
@@ -144,12 +156,12 @@ impl Actor for SweeperActor {
 }
 
 impl Handler<SweepNow> for SweeperActor {
-    type Result = ResponseActFuture<Self, Result<SweepReport, String>>;
+    type Result = ResponseActFuture<Self, Result<SweepReport, SweepError>>;
 
     fn handle(&mut self, _: SweepNow, _: &mut Context<Self>) -> Self::Result {
         match self.sweep() {
             Some(fut) => Box::pin(fut),
-            None => Box::pin(fut::ready(Err(SWEEP_RUNNING.to_owned()))),
+            None => Box::pin(fut::ready(Err(SweepError::Running))),
         }
     }
 }
@@ -161,9 +173,9 @@ async fn sweep(
     node_id: &NodeId,
     settings: &RetentionSettings,
     mut positions: HashMap<QueueId, i64>,
-) -> (Result<SweepReport, String>, HashMap<QueueId, i64>) {
+) -> (Result<SweepReport, SweepError>, HashMap<QueueId, i64>) {
     let result = sweep_in(db, node_id, settings, &mut positions).await;
-    (result.map_err(|e| e.to_string()), positions)
+    (result, positions)
 }
 
 async fn sweep_in(
@@ -171,7 +183,7 @@ async fn sweep_in(
     node_id: &NodeId,
     settings: &RetentionSettings,
     positions: &mut HashMap<QueueId, i64>,
-) -> Result<SweepReport, sea_orm::DbErr> {
+) -> Result<SweepReport, SweepError> {
     let mut report = SweepReport::default();
     let t = now();
     report.dead_node_sessions = retention::close_dead_node_sessions(db, node_id, t).await?;

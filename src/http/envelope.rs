@@ -21,6 +21,7 @@ use tracing::Instrument;
 use crate::{
     domain::MessageId,
     error::{Error, ErrorCode},
+    http::unread_body::UnreadBody,
     metrics::Operation,
     state::AppState,
     store::Commitment,
@@ -62,6 +63,25 @@ pub fn respond(req: &HttpRequest, status: StatusCode, data: impl Serialize) -> H
     res
 }
 
+/// With `server.metrics_listen` set, `/metrics` is served only there, and
+/// that listener serves only `/metrics`, `/healthz` and `/readyz`.
+fn on_its_listener(req: &ServiceRequest) -> bool {
+    let Some(metrics) = req
+        .app_data::<web::Data<AppState>>()
+        .and_then(|s| s.metrics_addr)
+    else {
+        return true;
+    };
+    // The path as the router matches it (percent-decoded: `/%6detrics`
+    // is `/metrics`).
+    let path = req.match_info().as_str();
+    if req.app_config().local_addr() == metrics {
+        matches!(path, "/metrics" | "/healthz" | "/readyz")
+    } else {
+        path != "/metrics"
+    }
+}
+
 /// Paths whose responses are not JSON envelopes on success.
 fn is_raw_path(path: &str) -> bool {
     path == "/metrics" || path == "/v1/events/connect"
@@ -79,19 +99,45 @@ pub fn request_commitment(req: &HttpRequest) -> Commitment {
 }
 
 /// Middleware: assigns the request id, applies the management deadline,
-/// renders errors (ours and the framework's) as envelopes and sets the
-/// common headers.
+/// renders errors (ours and the framework's) as envelopes, sets the
+/// common headers, and reads what the handler left of the request body
+/// before the answer leaves ([`UnreadBody`]; not for an upgrade request).
 ///
 /// At the deadline the request is answered 503 `UNAVAILABLE` and its
 /// handler dropped (rolling back its transaction), unless its write
 /// already began committing ([`request_commitment`]): then the answer is
 /// that write's outcome, whenever it comes (decision 0014).
 pub async fn envelope(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    // An upgrade request's body is the connection itself, read by the
+    // WebSocket (or never, when refused): only a sized or chunked body of a
+    // plain request is read to its end.
+    let unread = if req.head().upgrade() {
+        None
+    } else {
+        let (unread, payload) = UnreadBody::keep(req.take_payload());
+        req.set_payload(payload);
+        Some(unread)
+    };
+    let answer = answer(req, next).await;
+    if let Some(unread) = unread {
+        unread.drain().await;
+    }
+    answer
+}
+
+async fn answer(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let request_id = MessageId::generate();
     req.extensions_mut().insert(RequestId(request_id.clone()));
+    if !on_its_listener(&req) {
+        let err = Error::not_found("no such route").with_request_id(request_id.as_str());
+        return Err(err.into());
+    }
     let commitment = Commitment::new();
     req.extensions_mut().insert(commitment.clone());
     let raw = is_raw_path(req.path());

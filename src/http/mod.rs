@@ -9,7 +9,9 @@ pub mod metrics;
 pub mod openapi;
 pub mod request;
 pub mod results;
+pub mod server;
 pub mod subscriptions;
+pub mod unread_body;
 mod write;
 
 use actix_web::{HttpResponse, Route, web};
@@ -81,6 +83,14 @@ fn resource(path: &str, routes: Vec<(&'static str, Route)>) -> actix_web::Resour
         .collect::<Vec<_>>()
         .join(", ");
     let mut res = web::resource(path);
+    // A custom method (`…:configure`) is named by a literal colon; the
+    // router matches the percent-decoded path, where `%3A` is a colon too.
+    if let Some(verb) = path.rsplit_once('}').and_then(|(_, v)| v.strip_prefix(':')) {
+        let suffix = format!(":{verb}");
+        res = res.guard(actix_web::guard::fn_guard(move |ctx| {
+            ctx.head().uri.path().ends_with(&suffix)
+        }));
+    }
     for (_, route) in routes {
         res = res.route(route);
     }

@@ -17,6 +17,18 @@ use crate::{
 /// Largest accepted JSON body: 512 KiB.
 pub const MAX_BODY_BYTES: usize = 524_288;
 
+/// The part of the request deadline a body may take to arrive: 5 s of the
+/// default 8 s, so a body that stops arriving is answered 400 before the
+/// deadline's 503.
+fn body_timeout(req: &HttpRequest) -> std::time::Duration {
+    let deadline = req
+        .app_data::<actix_web::web::Data<crate::state::AppState>>()
+        .map_or(std::time::Duration::from_secs(8), |s| {
+            s.settings.timing.http_request_timeout()
+        });
+    deadline * 5 / 8
+}
+
 /// Endpoints other than the two lists take no query string at all.
 pub fn no_query(req: &HttpRequest) -> Result<()> {
     if req.query_string().is_empty() {
@@ -59,15 +71,27 @@ pub async fn json_body<T: DeserializeOwned>(
             "Content-Type must be application/json",
         ));
     }
-    let mut body = web::BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk =
-            chunk.map_err(|e| Error::invalid_argument(format!("could not read the body: {e}")))?;
-        if body.len() + chunk.len() > MAX_BODY_BYTES {
-            return Err(Error::payload_too_large(MAX_BODY_BYTES));
+    let read = async {
+        let mut body = web::BytesMut::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk
+                .map_err(|e| Error::invalid_argument(format!("could not read the body: {e}")))?;
+            if body.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(Error::payload_too_large(MAX_BODY_BYTES));
+            }
+            body.extend_from_slice(&chunk);
         }
-        body.extend_from_slice(&chunk);
-    }
+        Ok(body)
+    };
+    // A body that stops arriving is the client's mistake (400), not a
+    // database too slow for the request deadline (503).
+    let limit = body_timeout(req);
+    let body = tokio::time::timeout(limit, read).await.map_err(|_| {
+        Error::invalid_argument(format!(
+            "the request body did not arrive within {} ms",
+            limit.as_millis()
+        ))
+    })??;
     Ok(strict_json::parse(&body)?)
 }
 

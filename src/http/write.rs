@@ -39,30 +39,34 @@ where
     F: for<'t> FnOnce(&'t DatabaseTransaction) -> Effect<'t>,
 {
     let t = now();
-    let txn = state.db.begin_write().await?;
-    if let Begin::Replay(data) = idempotency::begin(&txn, &identity, t).await? {
-        txn.rollback().await?;
-        return Ok(Written {
-            response: respond(req, StatusCode::OK, data),
-            applied: false,
-        });
-    }
-    let data = effect(&txn).await?;
     let ttl = std::time::Duration::from_secs(state.settings.retention.idempotency_max_age_s);
-    idempotency::finish(&txn, &identity, fresh_status.as_u16(), &data, t.plus(ttl)).await?;
-    // From here the caller waits for the commit's outcome even past its
-    // deadline: a 503 while the commit is in flight could be a lie
-    // (decision 0014). The deadline cannot have won yet — it drops this
-    // future when it does — but a lost race is still answered honestly.
-    if !request_commitment(req).commit() {
-        txn.rollback().await?;
-        return Err(Error::unavailable("the request passed its deadline"));
-    }
-    txn.commit().await?;
-    Ok(Written {
-        response: respond(req, fresh_status, data),
-        applied: true,
-    })
+    let written = state
+        .db
+        .write_alone(async |txn| {
+            if let Begin::Replay(data) = idempotency::begin(txn, &identity, t).await? {
+                // Nothing was written: the commit is empty.
+                return Ok(Written {
+                    response: respond(req, StatusCode::OK, data),
+                    applied: false,
+                });
+            }
+            let data = effect(txn).await?;
+            idempotency::finish(txn, &identity, fresh_status.as_u16(), &data, t.plus(ttl)).await?;
+            // From here the caller waits for the commit's outcome even past
+            // its deadline: a 503 while the commit is in flight could be a
+            // lie (decision 0014). The deadline cannot have won yet — it
+            // drops this future when it does — but a lost race is still
+            // answered honestly.
+            if !request_commitment(req).commit() {
+                return Err(Error::unavailable("the request passed its deadline"));
+            }
+            Ok(Written {
+                response: respond(req, fresh_status, data),
+                applied: true,
+            })
+        })
+        .await?;
+    Ok(written)
 }
 
 /// The response `data` of a write as stored in its idempotency record.

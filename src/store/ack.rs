@@ -3,10 +3,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use entity::{delivery, subscription};
+use entity::{credential, delivery, subscription};
 use sea_orm::{
     ColumnTrait, Condition, DatabaseTransaction, DbBackend, DbErr, EntityTrait, ExprTrait,
-    QueryFilter, QueryOrder, QuerySelect, sea_query::Expr,
+    QueryFilter, QueryOrder, QuerySelect,
+    sea_query::{Expr, Query},
 };
 
 use crate::{
@@ -41,6 +42,9 @@ pub enum AckOutcome {
     LeaseLost,
     /// Not a delivery of this subscription (unknown or another's).
     NotFound,
+    /// The session's credential was revoked: nothing was written
+    /// (UNAUTHENTICATED, and the connection closes).
+    Revoked,
 }
 
 /// One ACK: the proof, the subscription of the session it came on, and
@@ -80,7 +84,10 @@ pub async fn acknowledge(
 /// - an ACKED row and the proof that acknowledged it → the original
 ///   `acknowledged_at`, `deduplicated`, nothing written;
 /// - anything else → `LeaseLost`; a delivery of another subscription (or
-///   none) → `NotFound`.
+///   none) → `NotFound`;
+/// - an ACK whose credential is revoked when its transaction runs →
+///   `Revoked`, nothing written (checked inside the batch's `UPDATE`, so a
+///   revocation committed before it is never outrun; no read per ACK).
 ///
 /// Proofs are compared by digest in constant time. Decisions are read
 /// first outside the write transaction, in one query: a consumer only holds
@@ -134,10 +141,28 @@ pub async fn acknowledge_batch(
                         deduplicated: false,
                     });
                 }
-                // A concurrent ACK or a new lease won: the row now tells which.
+                // Revoked, or a concurrent ACK or a new lease won: the
+                // credential, then the row tell which.
                 None => later.push(i),
             }
         }
+    }
+
+    if !later.is_empty() {
+        let revoked = revoked_credentials(
+            db,
+            later
+                .iter()
+                .map(|&i| requests[i].actor.credential_id.as_str()),
+        )
+        .await?;
+        later.retain(|&i| {
+            let gone = revoked.contains(requests[i].actor.credential_id.as_str());
+            if gone {
+                outcomes[i] = Some(AckOutcome::Revoked);
+            }
+            !gone
+        });
     }
 
     if !later.is_empty() {
@@ -176,6 +201,24 @@ async fn read_rows<'a>(
         .all(db.reader())
         .await?;
     Ok(rows.into_iter().map(|r| (r.id.clone(), r)).collect())
+}
+
+/// Which of these credentials are revoked (read only when an ACK of the
+/// batch was not written).
+async fn revoked_credentials<'a>(
+    db: &Database,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<HashSet<String>, DbErr> {
+    let ids: HashSet<&str> = ids.collect();
+    let revoked: Vec<String> = credential::Entity::find()
+        .select_only()
+        .column(credential::Column::Id)
+        .filter(credential::Column::Id.is_in(ids))
+        .filter(credential::Column::RevokedAt.is_not_null())
+        .into_tuple()
+        .all(db.reader())
+        .await?;
+    Ok(revoked.into_iter().collect())
 }
 
 /// Times a batch's write transaction is tried: on PostgreSQL two nodes'
@@ -242,15 +285,34 @@ async fn write_acks_in(
         .all(txn)
         .await?;
     }
-    let mut at_epoch = Condition::any();
+    // Per credential of the batch: its ACKs at their proofs' epochs, while
+    // the credential is not revoked (one lookup per credential, inside this
+    // statement).
+    let mut by_credential: BTreeMap<&str, Condition> = BTreeMap::new();
     for &i in candidates {
         let proof = &requests[i].proof;
         let epoch = i64::try_from(proof.epoch).unwrap_or(i64::MAX);
-        at_epoch = at_epoch.add(
-            Condition::all()
-                .add(delivery::Column::Id.eq(proof.delivery_id.as_str()))
-                .add(delivery::Column::LeaseEpoch.eq(epoch)),
+        let acks = by_credential
+            .remove(requests[i].actor.credential_id.as_str())
+            .unwrap_or_else(Condition::any);
+        by_credential.insert(
+            requests[i].actor.credential_id.as_str(),
+            acks.add(
+                Condition::all()
+                    .add(delivery::Column::Id.eq(proof.delivery_id.as_str()))
+                    .add(delivery::Column::LeaseEpoch.eq(epoch)),
+            ),
         );
+    }
+    let mut at_epoch = Condition::any();
+    for (credential_id, acks) in by_credential {
+        let revoked = Query::select()
+            .expr(Expr::val(1))
+            .from(credential::Entity)
+            .and_where(credential::Column::Id.eq(credential_id))
+            .and_where(credential::Column::RevokedAt.is_not_null())
+            .to_owned();
+        at_epoch = at_epoch.add(Condition::all().add(acks).add(Expr::exists(revoked).not()));
     }
     let acked = delivery::Entity::update_many()
         .col_expr(

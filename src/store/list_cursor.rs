@@ -83,22 +83,24 @@ pub async fn ensure_key(db: &Database) -> Result<CursorKey, DbErr> {
         return Ok(key);
     }
     let secret: [u8; 32] = rand::rng().random();
-    let txn = db.begin_write().await?;
-    signing_key::Entity::insert(signing_key::ActiveModel {
-        id: Set(random_hex_id()),
-        purpose: Set(PURPOSE.to_owned()),
-        secret: Set(URL_SAFE_NO_PAD.encode(secret)),
-        created_at: Set(now().micros()),
-    })
-    .on_conflict(
-        OnConflict::column(signing_key::Column::Purpose)
-            .do_nothing()
-            .to_owned(),
-    )
-    .exec_without_returning(&txn)
-    .await?;
-    let key = load_key(&txn).await?;
-    txn.commit().await?;
+    let key = db
+        .write_alone(async |txn| {
+            signing_key::Entity::insert(signing_key::ActiveModel {
+                id: Set(random_hex_id()),
+                purpose: Set(PURPOSE.to_owned()),
+                secret: Set(URL_SAFE_NO_PAD.encode(secret)),
+                created_at: Set(now().micros()),
+            })
+            .on_conflict(
+                OnConflict::column(signing_key::Column::Purpose)
+                    .do_nothing()
+                    .to_owned(),
+            )
+            .exec_without_returning(txn)
+            .await?;
+            load_key(txn).await
+        })
+        .await?;
     key.ok_or_else(|| DbErr::Custom("the list-cursor key could not be read back".to_owned()))
 }
 

@@ -5,7 +5,9 @@
 //! single writer connection with `BEGIN IMMEDIATE` (stack-notes.md: pooled
 //! writers fight over the file lock and a deferred read→write upgrade fails
 //! with "database is locked"); reads use the rest of the pool. On PostgreSQL
-//! one pool serves both and the transaction mode is ignored.
+//! one pool serves both and the transaction mode is ignored. Every write
+//! transaction begins and ends in [`writer`], which trusts a write
+//! connection only as far as the database confirms it (decision 0076).
 
 pub mod ack;
 pub mod audit;
@@ -21,6 +23,7 @@ pub mod sessions;
 pub mod subscriptions;
 pub mod tenancy;
 pub mod write_round;
+pub mod writer;
 
 use std::sync::{
     Arc, Weak,
@@ -31,15 +34,17 @@ use std::{path::Path, time::Duration};
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    SqlErr, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    SqlErr, TransactionTrait,
 };
 
 use crate::config::{DatabaseSettings, redact_url};
+pub use writer::{WriteError, WriteTxn, WriterStats};
+use writer::{Writer, WriterHealth};
 
 /// Connection pools of one node.
 #[derive(Clone, Debug)]
 pub struct Database {
-    write: DatabaseConnection,
+    writer: Writer,
     read: DatabaseConnection,
     backend: DbBackend,
     /// SQLite: the write rounds of [`Database::write`] (decision 0068).
@@ -82,7 +87,7 @@ impl Database {
             };
             Ok(Database {
                 read: conn.clone(),
-                write: conn,
+                writer: Writer::new(conn, DbBackend::Postgres, Arc::default(), None),
                 backend: DbBackend::Postgres,
                 rounds: None,
             })
@@ -102,6 +107,7 @@ impl Database {
             std::fs::create_dir_all(parent)
                 .map_err(|e| DbErr::Custom(format!("cannot create {}: {e}", parent.display())))?;
         }
+        let health = Arc::new(WriterHealth::default());
         let pool = |size: u32| {
             let mut opts = ConnectOptions::new(url.clone());
             opts.max_connections(size)
@@ -118,11 +124,19 @@ impl Database {
                 });
             opts
         };
-        let write = sea_orm::Database::connect(pool(1)).await?;
+        let mut write = pool(1);
+        let callbacks = health.clone();
+        write.map_sqlx_sqlite_pool_opts(move |o| callbacks.sqlite_pool(o));
+        let write = sea_orm::Database::connect(write).await?;
         let read =
             sea_orm::Database::connect(pool(max_connections.saturating_sub(1).max(1))).await?;
+        let files = sqlite_path(&url).map(writer::WalFiles::of);
+        let writer = Writer::new(write, DbBackend::Sqlite, health, files);
+        // A WAL left too big for the disk's free space is checkpointed
+        // before anything else is written (decision 0076).
+        writer.keep_headroom().await;
         Ok(Database {
-            write,
+            writer,
             read,
             backend: DbBackend::Sqlite,
             rounds: Some(Arc::default()),
@@ -136,9 +150,9 @@ impl Database {
     pub async fn migrate(&self) -> Result<(), DbErr> {
         use migration::MigratorTrait;
         if self.backend != DbBackend::Postgres {
-            return migration::Migrator::up(&self.write, None).await;
+            return migration::Migrator::up(self.writer.connection(), None).await;
         }
-        let txn = self.write.begin().await?;
+        let txn = self.writer.connection().begin().await?;
         execute_unprepared(
             &txn,
             &format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"),
@@ -148,14 +162,24 @@ impl Database {
         txn.commit().await
     }
 
-    /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite) of its own.
-    pub async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
-        self.write
-            .begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..Default::default()
-            })
-            .await
+    /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite) of its own,
+    /// under the writer's rule (decision 0076): commit it with
+    /// [`WriteTxn::commit`], which answers `Ok` only for a confirmed commit.
+    pub async fn begin_write(&self) -> Result<WriteTxn, DbErr> {
+        self.writer.begin().await
+    }
+
+    /// Runs `body` in a write transaction of its own and returns its answer
+    /// once that transaction committed; `Err`: nothing of `body` was written
+    /// (its own error `E`, or the fault of `BEGIN`/`COMMIT`). For writes
+    /// that are not on the hot path (management, sessions, the sweeper);
+    /// `body` runs once.
+    pub async fn write_alone<T, E, F>(&self, body: F) -> Result<T, E>
+    where
+        E: WriteError,
+        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
+    {
+        self.writer.write_alone(body).await
     }
 
     /// Runs `body` in a write transaction and returns its answer once that
@@ -166,22 +190,84 @@ impl Database {
     /// the transaction and its commit with other writes that come at the
     /// same time (a write round, decision 0068): `body` must not wait for
     /// another write, and should keep to its own rows and statements; if
-    /// another write of its round fails, `body` runs a second time, alone
-    /// in a transaction of its own (so it must be safe to run again). On
-    /// PostgreSQL it is a transaction of its own. The hot paths (ACK
-    /// batches, claims, materialization, publishes) write through here.
+    /// another write of its round fails on its own rules, `body` runs a
+    /// second time, alone in a transaction of its own (so it must be safe to
+    /// run again); if the round fails on the database (a fault, decision
+    /// 0076), every member gets that fault. On PostgreSQL it is a
+    /// transaction of its own. The hot paths (ACK batches, claims,
+    /// materialization, publishes) write through here.
     pub async fn write<T, E, F>(&self, mut body: F) -> Result<T, E>
     where
-        E: From<DbErr>,
+        E: WriteError,
         F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
     {
         if let Some(rounds) = &self.rounds {
             return rounds.run(self, body).await;
         }
-        let txn = self.begin_write().await?;
-        let answer = body(&txn).await?;
-        txn.commit().await?;
-        Ok(answer)
+        self.writer.write_alone(async |txn| body(txn).await).await
+    }
+
+    /// True while the database refuses writes: the last write transaction
+    /// failed on a fault and none has committed since (decision 0076).
+    pub fn refusing_writes(&self) -> bool {
+        self.writer.health().refusing()
+    }
+
+    /// Whether writes are accepted, for `/readyz`: during an episode of
+    /// refused writes, one small write transaction at most every
+    /// `every` finds out whether it has ended; otherwise no write at all.
+    /// `node` names the asking node (its probe row).
+    pub async fn writes_accepted(&self, node: &str, every: std::time::Duration) -> bool {
+        let health = self.writer.health();
+        if !health.refusing() {
+            return true;
+        }
+        if health.probe_due(every) {
+            return self.write_probe(node).await.is_ok();
+        }
+        false
+    }
+
+    /// One row that needs new pages (16 KiB), inserted into `write_probes`
+    /// and deleted again in one transaction: its commit fails exactly when
+    /// the file cannot grow or be written.
+    async fn write_probe(&self, node: &str) -> Result<(), DbErr> {
+        let backend = self.backend;
+        let (insert, delete) = match backend {
+            DbBackend::Postgres => (
+                "INSERT INTO write_probes (node_id, payload) VALUES ($1, decode(repeat('00', 16384), 'hex'))",
+                "DELETE FROM write_probes WHERE node_id = $1",
+            ),
+            _ => (
+                "INSERT INTO write_probes (node_id, payload) VALUES (?, zeroblob(16384))",
+                "DELETE FROM write_probes WHERE node_id = ?",
+            ),
+        };
+        self.write_alone(async |txn| {
+            for sql in [insert, delete] {
+                txn.execute_raw(sea_orm::Statement::from_sql_and_values(
+                    backend,
+                    sql,
+                    [node.into()],
+                ))
+                .await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The writer's faults and replaced connections (for `/metrics`).
+    pub fn writer_stats(&self) -> WriterStats {
+        self.writer.health().stats()
+    }
+
+    /// Test hook: SQLite write connections get `PRAGMA max_page_count = n`
+    /// from now on (`None`: no limit), which makes writes fail with FULL
+    /// once the file has `n` pages.
+    #[cfg(feature = "test-hooks")]
+    pub fn set_max_page_count(&self, n: Option<u64>) {
+        self.writer.health().set_max_page_count(n);
     }
 
     /// Write rounds started so far on SQLite (0 on PostgreSQL).
@@ -208,13 +294,13 @@ impl Database {
     /// A trivial query on both pools; `Err` when the database is unreachable.
     pub async fn ping(&self) -> Result<(), DbErr> {
         self.read.ping().await?;
-        self.write.ping().await
+        self.writer.connection().ping().await
     }
 
     /// Closes the pools (used by tests that simulate a database outage).
     pub async fn close(&self) -> Result<(), DbErr> {
         self.read.close_by_ref().await?;
-        self.write.close_by_ref().await
+        self.writer.connection().close_by_ref().await
     }
 }
 

@@ -11,7 +11,7 @@ use crate::{
     error::{Error, Result},
     journal::{self, NewResult},
     store::{
-        Commitment, Database,
+        Commitment, Database, WriteError,
         idempotency::{self, WriteIdentity},
     },
 };
@@ -103,6 +103,15 @@ enum Undone {
 impl From<DbErr> for Undone {
     fn from(err: DbErr) -> Self {
         Undone::Failed(err)
+    }
+}
+
+impl WriteError for Undone {
+    fn database_error(&self) -> Option<&DbErr> {
+        match self {
+            Undone::Failed(err) => Some(err),
+            _ => None,
+        }
     }
 }
 
@@ -204,7 +213,13 @@ pub async fn publish_each(
             return requests.iter().map(|_| Err(err.clone())).collect();
         }
         Err(err) => {
-            tracing::warn!(error = %err, publishes = requests.len(), "publish batch failed; publishing its requests one by one");
+            super::writer::log_failure(
+                &err,
+                &format!(
+                    "publish batch of {} failed; publishing its requests one by one",
+                    requests.len()
+                ),
+            );
             vec![None; requests.len()]
         }
     };

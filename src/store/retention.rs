@@ -25,10 +25,8 @@ pub const BATCH: u64 = 500;
 /// One transaction recovering at most `limit` lapsed leases per target
 /// state, across all subscriptions (see [`claim::recover_expired_leases`]).
 pub async fn recover_leases(db: &Database, now: Timestamp, limit: u64) -> Result<Recovered, DbErr> {
-    let txn = db.begin_write().await?;
-    let recovered = claim::recover_expired_leases(&txn, None, now, limit).await?;
-    txn.commit().await?;
-    Ok(recovered)
+    db.write_alone(async |txn| claim::recover_expired_leases(txn, None, now, limit).await)
+        .await
 }
 
 /// Every queue id (retention walks them one by one).
@@ -50,10 +48,8 @@ pub async fn purge_events(
     after: i64,
     cutoff: Timestamp,
 ) -> Result<PurgeBatch, DbErr> {
-    let txn = db.begin_write().await?;
-    let batch = journal::purge(&txn, queue_id, after, cutoff, BATCH).await?;
-    txn.commit().await?;
-    Ok(batch)
+    db.write_alone(async |txn| journal::purge(txn, queue_id, after, cutoff, BATCH).await)
+        .await
 }
 
 /// One transaction deleting at most [`BATCH`] ACKED deliveries acknowledged
@@ -71,14 +67,14 @@ pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<
         .filter(delivery::Column::State.eq(DeliveryState::Acked.as_str()))
         .filter(delivery::Column::AcknowledgedAt.lt(cutoff.micros()))
         .limit(BATCH);
-    let txn = db.begin_write().await?;
-    let n = delivery::Entity::delete_many()
-        .filter(delivery::Column::Id.in_subquery(due.into_query()))
-        .exec(&txn)
-        .await?
-        .rows_affected;
-    txn.commit().await?;
-    Ok(n)
+    db.write_alone(async |txn| {
+        let deleted = delivery::Entity::delete_many()
+            .filter(delivery::Column::Id.in_subquery(due.into_query()))
+            .exec(txn)
+            .await?;
+        Ok(deleted.rows_affected)
+    })
+    .await
 }
 
 /// One transaction deleting at most [`BATCH`] idempotency records that
@@ -89,15 +85,15 @@ pub async fn purge_idempotency_records(db: &Database, now: Timestamp) -> Result<
         .column(idempotency_record::Column::Id)
         .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
         .limit(BATCH);
-    let txn = db.begin_write().await?;
-    let n = idempotency_record::Entity::delete_many()
-        .filter(idempotency_record::Column::Id.in_subquery(due.into_query()))
-        .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
-        .exec(&txn)
-        .await?
-        .rows_affected;
-    txn.commit().await?;
-    Ok(n)
+    db.write_alone(async |txn| {
+        let deleted = idempotency_record::Entity::delete_many()
+            .filter(idempotency_record::Column::Id.in_subquery(due.into_query()))
+            .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
+            .exec(txn)
+            .await?;
+        Ok(deleted.rows_affected)
+    })
+    .await
 }
 
 /// One transaction deleting at most [`BATCH`] sessions closed before
@@ -108,15 +104,15 @@ pub async fn purge_closed_sessions(db: &Database, cutoff: Timestamp) -> Result<u
         .column(event_session::Column::Id)
         .filter(event_session::Column::ClosedAt.lt(cutoff.micros()))
         .limit(BATCH);
-    let txn = db.begin_write().await?;
-    let n = event_session::Entity::delete_many()
-        .filter(event_session::Column::Id.in_subquery(due.into_query()))
-        .filter(event_session::Column::ClosedAt.lt(cutoff.micros()))
-        .exec(&txn)
-        .await?
-        .rows_affected;
-    txn.commit().await?;
-    Ok(n)
+    db.write_alone(async |txn| {
+        let deleted = event_session::Entity::delete_many()
+            .filter(event_session::Column::Id.in_subquery(due.into_query()))
+            .filter(event_session::Column::ClosedAt.lt(cutoff.micros()))
+            .exec(txn)
+            .await?;
+        Ok(deleted.rows_affected)
+    })
+    .await
 }
 
 /// Closes the sessions left open by other nodes (decision 0041): on SQLite
@@ -127,16 +123,16 @@ pub async fn close_foreign_sessions(
     node_id: &NodeId,
     now: Timestamp,
 ) -> Result<u64, DbErr> {
-    let txn = db.begin_write().await?;
-    let n = event_session::Entity::update_many()
-        .col_expr(event_session::Column::ClosedAt, Expr::value(now.micros()))
-        .filter(event_session::Column::NodeId.ne(node_id.as_str()))
-        .filter(event_session::Column::ClosedAt.is_null())
-        .exec(&txn)
-        .await?
-        .rows_affected;
-    txn.commit().await?;
-    Ok(n)
+    db.write_alone(async |txn| {
+        let closed = event_session::Entity::update_many()
+            .col_expr(event_session::Column::ClosedAt, Expr::value(now.micros()))
+            .filter(event_session::Column::NodeId.ne(node_id.as_str()))
+            .filter(event_session::Column::ClosedAt.is_null())
+            .exec(txn)
+            .await?;
+        Ok(closed.rows_affected)
+    })
+    .await
 }
 
 /// A node's listener may be reconnecting (backoff up to 5 s) or, just
@@ -157,23 +153,23 @@ pub async fn close_dead_node_sessions(
         return Ok(0);
     }
     let prefix = format!("{LISTENER_APPLICATION_NAME} ");
-    let txn = db.begin_write().await?;
-    let n = txn
-        .execute_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            "UPDATE event_sessions SET closed_at = $1 \
+    db.write_alone(async |txn| {
+        let closed = txn
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "UPDATE event_sessions SET closed_at = $1 \
              WHERE closed_at IS NULL AND node_id <> $2 AND opened_at < $3 \
              AND node_id NOT IN (SELECT substr(application_name, length($4) + 1) \
                  FROM pg_stat_activity WHERE starts_with(application_name, $4))",
-            [
-                now.micros().into(),
-                node_id.as_str().into(),
-                now.micros().saturating_sub(DEAD_NODE_GRACE_MICROS).into(),
-                prefix.into(),
-            ],
-        ))
-        .await?
-        .rows_affected();
-    txn.commit().await?;
-    Ok(n)
+                [
+                    now.micros().into(),
+                    node_id.as_str().into(),
+                    now.micros().saturating_sub(DEAD_NODE_GRACE_MICROS).into(),
+                    prefix.into(),
+                ],
+            ))
+            .await?;
+        Ok(closed.rows_affected())
+    })
+    .await
 }

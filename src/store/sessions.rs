@@ -10,7 +10,7 @@ use crate::{
     auth::Principal,
     domain::{NodeId, QueueId, SessionId, SubscriptionId, now},
     journal,
-    store::{Database, subscriptions::owned},
+    store::{Database, subscriptions::owned, tenancy},
 };
 
 /// The result of a hello.
@@ -25,10 +25,13 @@ pub enum OpenSession {
     NotFound,
     /// The subscription's cursor is below the retention floor.
     HistoryExpired(u64),
+    /// The credential was revoked since the upgrade.
+    Revoked,
 }
 
-/// Checks that the subscription belongs to this credential and its queue is
-/// in scope, and records the session with its capacity, in one transaction.
+/// Checks that the credential is still valid, that the subscription belongs
+/// to it and its queue is in scope, and records the session with its
+/// capacity, in one transaction.
 pub async fn open_session(
     db: &Database,
     principal: &Principal,
@@ -36,52 +39,61 @@ pub async fn open_session(
     capacity: u32,
     node_id: &NodeId,
 ) -> Result<OpenSession, DbErr> {
-    let txn = db.begin_write().await?;
-    let Some(sub) = subscription::Entity::find_by_id(subscription_id.as_str())
-        .one(&txn)
-        .await?
-        .and_then(|m| owned(principal, m))
-    else {
-        return Ok(OpenSession::NotFound);
-    };
-    let queue_id = QueueId::from_db(sub.queue_id.clone());
-    if let Some(pos) = journal::position(&txn, &queue_id).await?
-        && sub.cursor_sequence < pos.floor
-    {
-        return Ok(OpenSession::HistoryExpired(pos.earliest()));
-    }
-    let session_id = SessionId::generate();
-    let t = now().micros();
-    event_session::Entity::insert(event_session::ActiveModel {
-        id: Set(session_id.as_str().to_owned()),
-        subscription_id: Set(sub.id.clone()),
-        credential_id: Set(principal.credential_id.as_str().to_owned()),
-        application_id: Set(principal.application_id.as_str().to_owned()),
-        node_id: Set(node_id.as_str().to_owned()),
-        capacity: Set(capacity as i32),
-        opened_at: Set(t),
-        closed_at: Set(None),
-        created_at: Set(t),
+    db.write_alone(async |txn| {
+        if tenancy::principal_by_id(txn, &principal.credential_id)
+            .await?
+            .is_none()
+        {
+            return Ok(OpenSession::Revoked);
+        }
+        let Some(sub) = subscription::Entity::find_by_id(subscription_id.as_str())
+            .one(txn)
+            .await?
+            .and_then(|m| owned(principal, m))
+        else {
+            return Ok(OpenSession::NotFound);
+        };
+        let queue_id = QueueId::from_db(sub.queue_id.clone());
+        if let Some(pos) = journal::position(txn, &queue_id).await?
+            && sub.cursor_sequence < pos.floor
+        {
+            return Ok(OpenSession::HistoryExpired(pos.earliest()));
+        }
+        let session_id = SessionId::generate();
+        let t = now().micros();
+        event_session::Entity::insert(event_session::ActiveModel {
+            id: Set(session_id.as_str().to_owned()),
+            subscription_id: Set(sub.id.clone()),
+            credential_id: Set(principal.credential_id.as_str().to_owned()),
+            application_id: Set(principal.application_id.as_str().to_owned()),
+            node_id: Set(node_id.as_str().to_owned()),
+            capacity: Set(capacity as i32),
+            opened_at: Set(t),
+            closed_at: Set(None),
+            created_at: Set(t),
+        })
+        .exec_without_returning(txn)
+        .await?;
+        Ok(OpenSession::Opened {
+            session_id,
+            subscription: Box::new(sub),
+        })
     })
-    .exec_without_returning(&txn)
-    .await?;
-    txn.commit().await?;
-    Ok(OpenSession::Opened {
-        session_id,
-        subscription: Box::new(sub),
-    })
+    .await
 }
 
 /// Marks a session closed (idempotent).
 pub async fn close_session(db: &Database, session_id: &SessionId) -> Result<(), DbErr> {
-    let txn = db.begin_write().await?;
-    event_session::Entity::update_many()
-        .col_expr(event_session::Column::ClosedAt, Expr::value(now().micros()))
-        .filter(event_session::Column::Id.eq(session_id.as_str()))
-        .filter(event_session::Column::ClosedAt.is_null())
-        .exec(&txn)
-        .await?;
-    txn.commit().await
+    db.write_alone(async |txn| {
+        event_session::Entity::update_many()
+            .col_expr(event_session::Column::ClosedAt, Expr::value(now().micros()))
+            .filter(event_session::Column::Id.eq(session_id.as_str()))
+            .filter(event_session::Column::ClosedAt.is_null())
+            .exec(txn)
+            .await?;
+        Ok(())
+    })
+    .await
 }
 
 /// Closes every session still open for `node_id` (a node that restarts gets

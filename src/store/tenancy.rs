@@ -36,89 +36,90 @@ pub async fn bootstrap(
     queue_name: &str,
     permissions: &[Permission],
 ) -> Result<BootstrapOutput, DbErr> {
-    let txn = db.begin_write().await?;
-    let t = now().micros();
+    db.write_alone(async |txn| {
+        let t = now().micros();
 
-    let ns = match namespace::Entity::find()
-        .filter(namespace::Column::Name.eq(namespace_name))
-        .one(&txn)
-        .await?
-    {
-        Some(ns) => ns,
-        None => {
-            namespace::ActiveModel {
-                id: Set(NamespaceId::generate().into_string()),
-                name: Set(namespace_name.to_owned()),
-                created_at: Set(t),
-            }
-            .insert(&txn)
+        let ns = match namespace::Entity::find()
+            .filter(namespace::Column::Name.eq(namespace_name))
+            .one(txn)
             .await?
-        }
-    };
-    let app = match application::Entity::find()
-        .filter(application::Column::NamespaceId.eq(&ns.id))
-        .filter(application::Column::Name.eq(application_name))
-        .one(&txn)
-        .await?
-    {
-        Some(app) => app,
-        None => {
-            application::ActiveModel {
-                id: Set(ApplicationId::generate().into_string()),
-                namespace_id: Set(ns.id.clone()),
-                name: Set(application_name.to_owned()),
-                created_at: Set(t),
+        {
+            Some(ns) => ns,
+            None => {
+                namespace::ActiveModel {
+                    id: Set(NamespaceId::generate().into_string()),
+                    name: Set(namespace_name.to_owned()),
+                    created_at: Set(t),
+                }
+                .insert(txn)
+                .await?
             }
-            .insert(&txn)
+        };
+        let app = match application::Entity::find()
+            .filter(application::Column::NamespaceId.eq(&ns.id))
+            .filter(application::Column::Name.eq(application_name))
+            .one(txn)
             .await?
-        }
-    };
-    let q = match queue::Entity::find()
-        .filter(queue::Column::NamespaceId.eq(&ns.id))
-        .filter(queue::Column::Name.eq(queue_name))
-        .one(&txn)
-        .await?
-    {
-        Some(q) => q,
-        None => {
-            queue::ActiveModel {
-                id: Set(QueueId::generate().into_string()),
-                namespace_id: Set(ns.id.clone()),
-                name: Set(queue_name.to_owned()),
-                head_sequence: Set(0),
-                retention_floor: Set(0),
-                created_at: Set(t),
+        {
+            Some(app) => app,
+            None => {
+                application::ActiveModel {
+                    id: Set(ApplicationId::generate().into_string()),
+                    namespace_id: Set(ns.id.clone()),
+                    name: Set(application_name.to_owned()),
+                    created_at: Set(t),
+                }
+                .insert(txn)
+                .await?
             }
-            .insert(&txn)
+        };
+        let q = match queue::Entity::find()
+            .filter(queue::Column::NamespaceId.eq(&ns.id))
+            .filter(queue::Column::Name.eq(queue_name))
+            .one(txn)
             .await?
-        }
-    };
+        {
+            Some(q) => q,
+            None => {
+                queue::ActiveModel {
+                    id: Set(QueueId::generate().into_string()),
+                    namespace_id: Set(ns.id.clone()),
+                    name: Set(queue_name.to_owned()),
+                    head_sequence: Set(0),
+                    retention_floor: Set(0),
+                    created_at: Set(t),
+                }
+                .insert(txn)
+                .await?
+            }
+        };
 
-    let token = generate_token();
-    let perms = PermissionSet::new(permissions.to_vec());
-    let names = perms.names();
-    let cred = credential::ActiveModel {
-        id: Set(CredentialId::generate().into_string()),
-        namespace_id: Set(ns.id.clone()),
-        application_id: Set(app.id.clone()),
-        token_digest: Set(token_digest(&token)),
-        permissions: Set(to_json_array(&names)),
-        queue_scope: Set(to_json_array(&[q.id.as_str()])),
-        revoked_at: Set(None),
-        created_at: Set(t),
-    }
-    .insert(&txn)
-    .await?;
-    txn.commit().await?;
+        let token = generate_token();
+        let perms = PermissionSet::new(permissions.to_vec());
+        let names = perms.names();
+        let cred = credential::ActiveModel {
+            id: Set(CredentialId::generate().into_string()),
+            namespace_id: Set(ns.id.clone()),
+            application_id: Set(app.id.clone()),
+            token_digest: Set(token_digest(&token)),
+            permissions: Set(to_json_array(&names)),
+            queue_scope: Set(to_json_array(&[q.id.as_str()])),
+            revoked_at: Set(None),
+            created_at: Set(t),
+        }
+        .insert(txn)
+        .await?;
 
-    Ok(BootstrapOutput {
-        namespace_id: ns.id,
-        application_id: app.id,
-        queue_id: q.id,
-        credential_id: cred.id,
-        token,
-        permissions: names,
+        Ok(BootstrapOutput {
+            namespace_id: ns.id,
+            application_id: app.id,
+            queue_id: q.id,
+            credential_id: cred.id,
+            token,
+            permissions: names,
+        })
     })
+    .await
 }
 
 fn to_json_array(items: &[&str]) -> String {
@@ -181,20 +182,18 @@ pub async fn revoke_credential(
     db: &Database,
     id: &CredentialId,
 ) -> Result<Option<Timestamp>, DbErr> {
-    let txn = db.begin_write().await?;
-    let Some(cred) = credential::Entity::find_by_id(id.as_str())
-        .one(&txn)
-        .await?
-    else {
-        return Ok(None);
-    };
-    if let Some(at) = cred.revoked_at {
-        return Ok(Some(Timestamp(at)));
-    }
-    let at = now();
-    let mut active: credential::ActiveModel = cred.into();
-    active.revoked_at = Set(Some(at.micros()));
-    active.update(&txn).await?;
-    txn.commit().await?;
-    Ok(Some(at))
+    db.write_alone(async |txn| {
+        let Some(cred) = credential::Entity::find_by_id(id.as_str()).one(txn).await? else {
+            return Ok(None);
+        };
+        if let Some(at) = cred.revoked_at {
+            return Ok(Some(Timestamp(at)));
+        }
+        let at = now();
+        let mut active: credential::ActiveModel = cred.into();
+        active.revoked_at = Set(Some(at.micros()));
+        active.update(txn).await?;
+        Ok(Some(at))
+    })
+    .await
 }

@@ -11,18 +11,22 @@
 //! round commits once every seated member is done.
 //!
 //! - Nothing is answered before its commit: [`Rounds::run`] returns a
-//!   member's answer only after the round's `COMMIT` succeeded.
+//!   member's answer only after the writer confirmed the round's `COMMIT`
+//!   (decision 0076).
 //! - `Err` from `run` means nothing of that member was written. A member
 //!   that fails (or is dropped half way, its task cancelled) spoils the
 //!   round: members after it do not run and the round rolls back. The
-//!   failed member gets its own error; every other member runs its body
-//!   again, alone in a transaction of its own, and answers that outcome,
-//!   so one member's failure never becomes another's (a spoiled round
-//!   costs time, never an outcome: a batch of one ACK is not retried by
-//!   its caller). No savepoint is used to spare the others: after some
-//!   errors (a full disk, an I/O error) SQLite has already rolled the whole
-//!   transaction back, and a later member's statements would then commit
-//!   on their own while its caller hears of a failure.
+//!   failed member gets its own error. If that error is a rule of the data,
+//!   every other member runs its body again, alone in a transaction of its
+//!   own, and answers that outcome, so one member's failure never becomes
+//!   another's (a spoiled round costs time, never an outcome: a batch of
+//!   one ACK is not retried by its caller). If it is a fault of the
+//!   database (a full disk, an I/O error; decision 0076), every member gets
+//!   that fault: alone they would only meet it again. No savepoint is used
+//!   to spare the others: after such faults SQLite has already rolled the
+//!   whole transaction back, and a later member's statements would then
+//!   commit on their own while its caller hears of a failure; for the same
+//!   reason no member runs once the transaction is found rolled back.
 //! - A round that cannot begin or commit fails every member with that
 //!   error (the whole transaction was rolled back).
 //! - A round whose driver task is dropped (its runtime stopped) answers
@@ -40,10 +44,10 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
 };
 
-use sea_orm::{DatabaseTransaction, DbErr};
+use sea_orm::{DatabaseTransaction, DbErr, RuntimeErr};
 use tokio::sync::{Notify, watch};
 
-use super::Database;
+use super::{Database, WriteError, WriteTxn, writer::fault_cause};
 
 /// Members of one round at most.
 pub const MAX_SEATS: usize = 32;
@@ -64,7 +68,7 @@ struct Round {
     seats: Mutex<Seats>,
     /// The round's transaction; a member holds the lock while its
     /// statements run, so members never interleave.
-    txn: tokio::sync::Mutex<Option<DatabaseTransaction>>,
+    txn: tokio::sync::Mutex<Option<WriteTxn>>,
     phase: watch::Sender<Phase>,
     /// Signalled when a member leaves its seat.
     left: Notify,
@@ -78,6 +82,9 @@ struct Seats {
     closed: bool,
     /// A member failed or was dropped half way: roll back.
     spoiled: bool,
+    /// The fault of the database a member failed on, or the transaction was
+    /// found rolled back: every member answers it.
+    fault: Option<DbErr>,
 }
 
 #[derive(Debug, Clone)]
@@ -101,7 +108,7 @@ impl Rounds {
     /// in a transaction of its own.
     pub(super) async fn run<T, E, F>(&self, db: &Database, mut body: F) -> Result<T, E>
     where
-        E: From<DbErr>,
+        E: WriteError,
         F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
     {
         {
@@ -117,15 +124,28 @@ impl Rounds {
                 Ok(Phase::Done(Err(err))) => return Err(err.into()),
                 _ => return Err(round.abandon().await.into()),
             }
-            // `None`: another member spoiled the round before this one's turn.
+            // `None`: another member spoiled the round before this one's
+            // turn, or SQLite rolled its transaction back (then a member's
+            // statements would each commit on their own).
             let answer = {
                 let txn = round.txn.lock().await;
                 match txn.as_ref() {
+                    Some(txn) if !txn.intact() => {
+                        round.fault(rolled_back());
+                        None
+                    }
                     Some(txn) if !round.spoiled() => Some(body(txn).await),
                     _ => None,
                 }
             };
-            seat.leave(matches!(answer, Some(Err(_))));
+            let fault = match &answer {
+                Some(Err(err)) => err
+                    .database_error()
+                    .filter(|e| fault_cause(e).is_some())
+                    .cloned(),
+                _ => None,
+            };
+            seat.leave(matches!(answer, Some(Err(_))), fault);
             // Even a member that failed waits for the round's end: once it
             // answers, its statements are rolled back, and a retry of its
             // caller never joins this round.
@@ -136,6 +156,10 @@ impl Rounds {
             match (answer, done) {
                 (Some(Err(err)), _) => return Err(err),
                 (Some(Ok(answer)), Ok(Phase::Done(Ok(())))) => return Ok(answer),
+                // A fault of the database: rolled back for every member.
+                (_, Ok(Phase::Done(Err(_)))) if let Some(fault) = round.fault_seen() => {
+                    return Err(fault.into());
+                }
                 // Spoiled by another member: rolled back, nothing of this
                 // one was written; it runs again alone below.
                 (_, Ok(Phase::Done(Err(_)))) if round.spoiled() => {}
@@ -145,10 +169,7 @@ impl Rounds {
             }
         }
         // Alone: another member's failure never becomes this one's outcome.
-        let txn = db.begin_write().await?;
-        let answer = body(&txn).await?;
-        txn.commit().await?;
-        Ok(answer)
+        db.writer.write_alone(async |txn| body(txn).await).await
     }
 
     /// Rounds started so far (each one `BEGIN`, at most one `COMMIT`).
@@ -211,8 +232,9 @@ struct Seat {
 }
 
 impl Seat {
-    /// Leaves the seat once; `failed` spoils the round.
-    fn leave(&mut self, failed: bool) {
+    /// Leaves the seat once; `failed` spoils the round, a `fault` of the
+    /// database fails it for every member.
+    fn leave(&mut self, failed: bool, fault: Option<DbErr>) {
         if std::mem::take(&mut self.seated) {
             let mut seats = self
                 .round
@@ -221,6 +243,9 @@ impl Seat {
                 .unwrap_or_else(PoisonError::into_inner);
             seats.left += 1;
             seats.spoiled |= failed;
+            if seats.fault.is_none() {
+                seats.fault = fault;
+            }
             drop(seats);
             self.round.left.notify_one();
         }
@@ -230,7 +255,7 @@ impl Seat {
 impl Drop for Seat {
     /// A member dropped before it left ran part of its statements at most.
     fn drop(&mut self) {
-        self.leave(true);
+        self.leave(true, None);
     }
 }
 
@@ -257,6 +282,23 @@ impl Round {
             .unwrap_or_else(PoisonError::into_inner)
             .spoiled
     }
+
+    /// Fails the round for every member with `fault`.
+    fn fault(&self, fault: DbErr) {
+        let mut seats = self.seats.lock().unwrap_or_else(PoisonError::into_inner);
+        seats.spoiled = true;
+        if seats.fault.is_none() {
+            seats.fault = Some(fault);
+        }
+    }
+
+    fn fault_seen(&self) -> Option<DbErr> {
+        self.seats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .fault
+            .clone()
+    }
 }
 
 /// Begins the round once the writer is free, lets its members run, then
@@ -276,13 +318,13 @@ async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<(
         }
     }
     round.phase.send_replace(Phase::Open);
-    let rolled_back = loop {
+    let (rolled_back, fault) = loop {
         let left = round.left.notified();
         {
             let mut seats = round.seats.lock().unwrap_or_else(PoisonError::into_inner);
             if seats.left == seats.taken {
                 seats.closed = true;
-                break seats.spoiled;
+                break (seats.spoiled, seats.fault.clone());
             }
         }
         left.await;
@@ -290,12 +332,19 @@ async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<(
     let txn = round.txn.lock().await.take();
     let outcome = match txn {
         Some(txn) if !rolled_back => txn.commit().await,
-        Some(txn) => match txn.rollback().await {
-            Ok(()) => Err(spoiled()),
-            Err(err) => Err(err),
-        },
+        Some(txn) => {
+            txn.abort(fault.as_ref()).await;
+            Err(fault.unwrap_or_else(spoiled))
+        }
         None => Err(abandoned()),
     };
+    if let Err(err) = &outcome
+        && fault_cause(err).is_some()
+    {
+        // A failed BEGIN or COMMIT (or one that committed nothing): every
+        // member answers it.
+        round.fault(err.clone());
+    }
     round.phase.send_replace(Phase::Done(outcome));
     drop(closer);
 }
@@ -323,6 +372,12 @@ fn spoiled() -> DbErr {
     )
 }
 
+fn rolled_back() -> DbErr {
+    DbErr::Conn(RuntimeErr::Internal(
+        "the database rolled the write round back by itself; nothing of it was written".to_owned(),
+    ))
+}
+
 fn abandoned() -> DbErr {
     DbErr::Custom("the write round was abandoned before its commit".to_owned())
 }
@@ -344,7 +399,7 @@ mod tests {
         .await
         .unwrap();
         let txn = db.begin_write().await.unwrap();
-        execute_unprepared(&txn, "CREATE TABLE t (name TEXT NOT NULL)")
+        execute_unprepared(&*txn, "CREATE TABLE t (name TEXT NOT NULL)")
             .await
             .unwrap();
         txn.commit().await.unwrap();

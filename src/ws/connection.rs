@@ -15,7 +15,10 @@
 
 use std::{
     collections::HashMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -123,6 +126,9 @@ pub struct ConnectionActor {
     write_tx: mpsc::Sender<Outbound>,
     /// Taken by `started()`: the socket halves and the write queue's receiver.
     io: Option<(Session, MessageStream, mpsc::Receiver<Outbound>)>,
+    /// Set by the read path's byte bound when a frame header announced more
+    /// than [`MAX_MESSAGE_BYTES`] (decision 0077).
+    oversized: Arc<AtomicBool>,
     read_permits: Arc<Semaphore>,
     last_valid_frame: Instant,
     /// Deliveries this connection holds, with their local lease deadline.
@@ -147,6 +153,7 @@ impl ConnectionActor {
         principal: Principal,
         session: Session,
         stream: MessageStream,
+        oversized: Arc<AtomicBool>,
         slot: ConnectionSlot,
     ) -> ConnectionActor {
         let limits = &state.settings.limits;
@@ -157,6 +164,7 @@ impl ConnectionActor {
             phase: Phase::AwaitingHello,
             write_tx,
             io: Some((session, stream, write_rx)),
+            oversized,
             read_permits,
             last_valid_frame: Instant::now(),
             held: HashMap::new(),
@@ -239,7 +247,7 @@ impl ConnectionActor {
             let session_id = b.session_id.clone();
             actix::spawn(async move {
                 if let Err(err) = store::sessions::close_session(&db, &session_id).await {
-                    tracing::warn!(error = %err, "could not record the session close");
+                    store::writer::log_failure(&err, "could not record the session close");
                 }
             });
         }
@@ -331,6 +339,7 @@ impl ConnectionActor {
         let addr = ctx.address();
         let permits = self.read_permits.clone();
         let pong_tx = self.write_tx.clone();
+        let oversized = self.oversized.clone();
         actix::spawn(async move {
             let mut fragments = Fragments::default();
             loop {
@@ -343,6 +352,10 @@ impl ConnectionActor {
                         return;
                     }
                     Some(Err(ProtocolError::Overflow)) => {
+                        addr.do_send(ReaderEvent::Violation(CloseCode::Size, "message too large"));
+                        return;
+                    }
+                    Some(Err(_)) if oversized.load(Ordering::Acquire) => {
                         addr.do_send(ReaderEvent::Violation(CloseCode::Size, "message too large"));
                         return;
                     }
@@ -553,9 +566,16 @@ impl ConnectionActor {
                 &history_message(earliest),
                 CloseCode::Policy,
             ),
+            Ok(OpenSession::Revoked) => self.fail(
+                ctx,
+                Some(&reply_to),
+                ErrorCode::Unauthenticated,
+                REVOKED,
+                CloseCode::Policy,
+            ),
             Err(err) => {
                 self.state.metrics.database_error(Operation::Hello);
-                tracing::warn!(error = %err, "hello failed on the database");
+                store::writer::log_failure(&err, "hello failed on the database");
                 self.fail(
                     ctx,
                     Some(&reply_to),
@@ -641,8 +661,14 @@ impl ConnectionActor {
                     ErrorCode::NotFound,
                     "delivery not found in this subscription",
                 ),
+                Ok(AckOutcome::Revoked) => frames::error(
+                    Some(&session_id),
+                    Some(&reply_to),
+                    ErrorCode::Unauthenticated,
+                    REVOKED,
+                ),
                 Err(err) => {
-                    tracing::warn!(error = %err, "ACK failed on the database");
+                    store::writer::log_failure(err, "ACK failed on the database");
                     frames::error(
                         Some(&session_id),
                         Some(&reply_to),
@@ -676,7 +702,7 @@ impl ConnectionActor {
                             metrics.outcome(Outcome::AckDeduplicated, 1)
                         }
                         Ok(AckOutcome::LeaseLost) => metrics.outcome(Outcome::LeaseLost, 1),
-                        Ok(AckOutcome::NotFound) => {}
+                        Ok(AckOutcome::NotFound | AckOutcome::Revoked) => {}
                         Err(_) => metrics.database_error(Operation::Ack),
                     }
                     if !queued {
@@ -698,6 +724,7 @@ impl ConnectionActor {
                         Ok(AckOutcome::NotFound) => {
                             act.close(ctx, CloseCode::Policy, "delivery not found")
                         }
+                        Ok(AckOutcome::Revoked) => act.close(ctx, CloseCode::Policy, REVOKED),
                         Err(_) => act.close(ctx, CloseCode::Error, UNAVAILABLE),
                     }
                     act.finish_drain_if_idle(ctx);
@@ -761,7 +788,7 @@ impl ConnectionActor {
                     ctx,
                     Some(&reply_to),
                     ErrorCode::Unauthenticated,
-                    "the credential was revoked",
+                    REVOKED,
                     CloseCode::Policy,
                 ),
                 Ok(Revalidation::Denied) => act.fail(
@@ -780,7 +807,7 @@ impl ConnectionActor {
                 ),
                 Err(err) => {
                     act.state.metrics.database_error(Operation::Ping);
-                    tracing::warn!(error = %err, "ping re-validation failed on the database");
+                    store::writer::log_failure(&err, "ping re-validation failed on the database");
                     act.fail(
                         ctx,
                         Some(&reply_to),
@@ -882,6 +909,7 @@ impl ConnectionActor {
 }
 
 const UNAVAILABLE: &str = "the service is temporarily unavailable; reconnect later";
+const REVOKED: &str = "the credential was revoked";
 
 fn history_message(earliest: u64) -> String {
     format!("event history was purged; the earliest available sequence is {earliest}")

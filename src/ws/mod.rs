@@ -2,6 +2,7 @@
 //! one [`connection::ConnectionActor`] per socket (spec: protocol.md).
 
 pub mod connection;
+pub mod frame_bound;
 pub mod frames;
 pub mod upgrade;
 

@@ -1,8 +1,10 @@
 //! `GET /v1/events/connect`: the checks before the upgrade, in the order of
 //! protocol.md §1, each answered with the HTTP envelope.
 
+use std::sync::{Arc, atomic::AtomicBool};
+
 use actix::Actor;
-use actix_web::{HttpRequest, HttpResponse, http::header, web};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, dev, http::header, web};
 
 use crate::{
     auth,
@@ -10,7 +12,7 @@ use crate::{
     domain::Permission,
     error::{Error, ErrorCode, Result},
     state::AppState,
-    ws::{MAX_MESSAGE_BYTES, SUBPROTOCOL, connection::ConnectionActor},
+    ws::{MAX_MESSAGE_BYTES, SUBPROTOCOL, connection::ConnectionActor, frame_bound::FrameBound},
 };
 
 /// Upgrades to `orbit.events.v1` after, in order: no query string (400),
@@ -63,11 +65,28 @@ pub async fn connect(
             Error::capacity_exceeded("this node is at its WebSocket connection limit")
         })?;
 
+    // Frame headers are checked before actix-ws buffers their payload
+    // (decision 0077).
+    let oversized = Arc::new(AtomicBool::new(false));
+    let bounded: std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<web::Bytes, actix_web::error::PayloadError>>>,
+    > = Box::pin(FrameBound::new(body, MAX_MESSAGE_BYTES, oversized.clone()));
+    let body = web::Payload::from_request(&req, &mut dev::Payload::Stream { payload: bounded })
+        .await
+        .map_err(Error::internal)?;
     let (response, session, stream) =
         actix_ws::handle_with_protocols(&req, body, &[SUBPROTOCOL])
             .map_err(|e| Error::invalid_argument(format!("not a WebSocket upgrade: {e}")))?;
     let stream = stream.max_frame_size(MAX_MESSAGE_BYTES);
-    ConnectionActor::new(state.get_ref().clone(), principal, session, stream, slot).start();
+    ConnectionActor::new(
+        state.get_ref().clone(),
+        principal,
+        session,
+        stream,
+        oversized,
+        slot,
+    )
+    .start();
     Ok(response)
 }
 

@@ -87,7 +87,7 @@ async fn eight_concurrent_appenders_on_one_queue_commit_in_sequence_order_so_no_
                 // An append that did not hold the counter row until commit
                 // would let a later sequence commit first in this window.
                 let txn = db.begin_write().await.unwrap();
-                let out = journal::append(&txn, &queue_id, &results, now())
+                let out = journal::append(&*txn, &queue_id, &results, now())
                     .await
                     .unwrap()
                     .unwrap();

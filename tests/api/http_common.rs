@@ -71,6 +71,66 @@ async fn a_token_is_never_accepted_in_the_url() {
     );
 }
 
+#[actix_web::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let path = format!("/v1/subscriptions?queue_id={}", cred.queue_id);
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let auth = format!("{scheme} {}", cred.token);
+        let res = raw(
+            &app,
+            "GET",
+            &path,
+            &[("Authorization", auth.as_str())],
+            None,
+        )
+        .await;
+        assert_eq!(res.status, 200, "{scheme}: {:#}", res.body);
+    }
+}
+
+#[actix_web::test]
+async fn a_body_that_stops_arriving_gets_400_before_the_deadline_not_503() {
+    let app = spawn_app_with(|s| s.timing.http_request_timeout_ms = 800).await;
+    let cred = app.bootstrap().await;
+    let request = format!(
+        "POST /v1/subscriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Idempotency-Key: slow\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{}}",
+        cred.token
+    );
+    let answer = raw_bytes(app.port, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(answer.contains("did not arrive within 500 ms"), "{answer}");
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn two_authorization_headers_get_401_even_when_one_is_valid() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let path = format!("/v1/subscriptions?queue_id={}", cred.queue_id);
+    let good = bearer(&cred.token);
+    let unknown = bearer("oe_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    for pair in [[&good, &unknown], [&unknown, &good], [&good, &good]] {
+        let headers = [
+            ("Authorization", pair[0].as_str()),
+            ("Authorization", pair[1].as_str()),
+        ];
+        let res = raw(&app, "GET", &path, &headers, None).await;
+        res.assert_error(401, "UNAUTHENTICATED");
+        assert_eq!(res.headers["www-authenticate"], "Bearer");
+        assert!(
+            res.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("more than one Authorization header"),
+            "{:#}",
+            res.body
+        );
+    }
+}
+
 // --- Permissions ------------------------------------------------------------
 
 #[actix_web::test]
@@ -333,6 +393,38 @@ async fn a_body_of_512_kib_is_read_and_one_byte_more_gets_413_invalid_argument()
     res.assert_error(413, "INVALID_ARGUMENT");
     assert_conforms("POST", "/v1/subscriptions", &res);
     app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_refused_request_with_a_large_body_gets_its_answer_not_a_reset() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    // 3 MiB: far more than the socket buffers hold, so the node must read
+    // the rest before it answers and closes (decision 0077).
+    let big = vec![b' '; 3 << 20];
+    for _ in 0..5 {
+        let res = post_text(
+            &app,
+            "/v1/subscriptions",
+            &cred.token,
+            "big",
+            &String::from_utf8(big.clone()).unwrap(),
+        )
+        .await;
+        res.assert_error(413, "INVALID_ARGUMENT");
+        let res = raw(
+            &app,
+            "POST",
+            "/v1/subscriptions",
+            &[
+                ("Authorization", "Bearer oe_unknown"),
+                ("Content-Type", "application/json"),
+            ],
+            Some(big.clone()),
+        )
+        .await;
+        res.assert_error(401, "UNAUTHENTICATED");
+    }
 }
 
 #[actix_web::test]
@@ -664,6 +756,42 @@ async fn uint64_strings_are_canonical_decimal_up_to_18446744073709551615() {
     app.assert_invariants().await;
 }
 
+#[actix_web::test]
+async fn a_result_with_numbers_beyond_f64_is_accepted_and_delivered_byte_exact() {
+    use futures_util::StreamExt;
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let numbers = r#"{"huge":1E400,"tiny":-1e-400,"long":123456789012345678901234567890.000000000000000000001}"#;
+    let mut r = result(&cred.queue_id, "task.succeeded");
+    r["snapshot"]["result"] = json!("RESULT");
+    r["details"]["n"] = json!("DETAILS");
+    let body = json!({ "results": [r] })
+        .to_string()
+        .replace(r#""RESULT""#, numbers)
+        .replace(r#""DETAILS""#, numbers);
+    let res = post_text(
+        &app,
+        &format!("/v1/queues/{}/results", cred.queue_id),
+        &cred.token,
+        "huge",
+        &body,
+    )
+    .await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    let mut ws = app.bind(&cred.token, sub["id"].as_str().unwrap(), 1).await;
+    // The frame is read as text: a test client's own parser would turn
+    // 1E400 into an error, which is exactly what the node must not do.
+    let text = loop {
+        match ws.stream.next().await.unwrap().unwrap() {
+            tokio_tungstenite::tungstenite::Message::Text(t) => break t.to_string(),
+            _ => continue,
+        }
+    };
+    assert!(text.contains(r#""type":"event.deliver""#), "{text}");
+    assert_eq!(text.matches(numbers).count(), 2, "not byte-exact: {text}");
+}
+
 // --- Query parameters -------------------------------------------------------------------
 
 #[actix_web::test]
@@ -729,6 +857,27 @@ async fn unknown_and_repeated_query_parameters_are_400_and_only_the_two_lists_ta
 // --- Unknown route, wrong method -------------------------------------------------------
 
 #[actix_web::test]
+async fn a_percent_encoded_colon_does_not_name_a_custom_method_and_changes_nothing() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let id = sub["id"].as_str().unwrap();
+    let body = json!({ "expected_revision": "1", "enabled": false, "reason": "encoded" });
+    for path in [
+        format!("/v1/subscriptions/{id}%3Aconfigure"),
+        format!("/v1/subscriptions/{id}%3aconfigure"),
+    ] {
+        let res = app.post(&path, &cred.token, &path, &body).await;
+        res.assert_error(404, "NOT_FOUND");
+    }
+    let got = app
+        .get(&format!("/v1/subscriptions/{id}"), &cred.token)
+        .await;
+    assert_eq!(got.data()["revision"], "1");
+    assert_eq!(got.data()["enabled"], true);
+}
+
+#[actix_web::test]
 async fn an_unknown_route_is_404_and_a_wrong_method_is_405_with_allow() {
     let app = spawn_app().await;
     let id = "0123456789abcdef0123456789abcdef";
@@ -763,4 +912,96 @@ async fn an_unknown_route_is_404_and_a_wrong_method_is_405_with_allow() {
         res.assert_error(405, "INVALID_ARGUMENT");
         assert_eq!(res.headers["allow"], allow, "{method} {path}");
     }
+}
+
+/// One request written as raw bytes; the whole answer as text.
+async fn raw_bytes(port: u16, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    // The node may answer and close before it has read all of a long head.
+    let _ = tcp.write_all(request).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[actix_web::test]
+async fn a_request_that_is_not_valid_http_gets_the_envelope_and_is_not_logged_as_an_error() {
+    use crate::protocol_support::NodeProcess;
+    let mut app = spawn_app().await;
+    let node = NodeProcess::serve_for(&mut app, &[]).await;
+    let many_headers: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        (
+            "a header value holding 0x7f",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x7fb\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "Transfer-Encoding with Content-Length",
+            b"POST /v1/subscriptions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "a 100 KB URI",
+            format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000)).into_bytes(),
+            400,
+        ),
+        (
+            "200 headers",
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many_headers}\r\n").into_bytes(),
+            431,
+        ),
+    ];
+    for (what, request, status) in cases {
+        let answer = raw_bytes(node.port, &request).await;
+        assert_enveloped(what, &answer, status);
+        // The same request after a good one on a kept-alive connection.
+        let mut pipelined = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+        pipelined.extend_from_slice(&request);
+        let answer = raw_bytes(node.port, &pipelined).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{what}: {answer}");
+        let second = answer[1..].find("HTTP/1.1 ").map(|i| &answer[i + 1..]);
+        assert_enveloped(
+            what,
+            second.unwrap_or_else(|| panic!("{what}: {answer}")),
+            status,
+        );
+    }
+    // The node still serves, and wrote no ERROR line for any of it.
+    let healthz = app
+        .http
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await;
+    assert_eq!(healthz.unwrap().status(), 200);
+    let log = node.log();
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
+/// `answer` (one response) is `status` with the envelope and its headers.
+fn assert_enveloped(what: &str, answer: &str, status: u16) {
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.starts_with(&format!("http/1.1 {status} ")),
+        "{what}: {answer}"
+    );
+    assert!(
+        head.contains("\r\ncache-control: no-store"),
+        "{what}: {head}"
+    );
+    assert!(
+        head.contains("\r\ncontent-type: application/json"),
+        "{what}: {head}"
+    );
+    let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: {e}: {body}"));
+    assert_eq!(body["error"]["code"], "INVALID_ARGUMENT", "{what}");
+    let id = body["request_id"].as_str().unwrap();
+    assert!(
+        head.contains(&format!("\r\nx-request-id: {id}")),
+        "{what}: {head}"
+    );
 }

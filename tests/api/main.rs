@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod commit_order;
+mod disk_full;
 mod group_commit;
 mod helpers;
 mod history;
@@ -18,6 +19,7 @@ mod metrics;
 mod multinode;
 #[cfg(feature = "test-hooks")]
 mod pool;
+mod protocol_bounds;
 mod protocol_envelope;
 mod protocol_failure;
 mod protocol_leases;

@@ -353,3 +353,50 @@ async fn metrics_take_no_query_and_only_get() {
         );
     }
 }
+
+#[actix_web::test]
+async fn with_metrics_listen_set_metrics_are_served_only_there_and_that_listener_serves_only_metrics_and_health()
+ {
+    let app = spawn_app_with(|s| s.server.metrics_listen = Some("127.0.0.1:0".to_owned())).await;
+    let cred = app.bootstrap().await;
+    let metrics = format!(
+        "http://127.0.0.1:{}",
+        app.state.metrics_addr.expect("the metrics listener").port()
+    );
+    let get = async |url: String| {
+        let res = app
+            .http
+            .get(url)
+            .bearer_auth(&cred.token)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let body = res.text().await.unwrap();
+        (status, body)
+    };
+    for path in ["/metrics", "/%6detrics", "/%6D%65trics"] {
+        let (status, body) = get(format!("{}{path}", app.address)).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("NOT_FOUND"), "{path}: {body}");
+    }
+    let (status, body) = get(format!("{metrics}/metrics")).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("orbit_events_writes_refused 0"), "{body}");
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(get(format!("{metrics}{path}")).await.0, 200, "{path}");
+        assert_eq!(get(format!("{}{path}", app.address)).await.0, 200, "{path}");
+    }
+    let (status, body) = get(format!(
+        "{metrics}/v1/subscriptions?queue_id={}",
+        cred.queue_id
+    ))
+    .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = get(format!(
+        "{}/v1/subscriptions?queue_id={}",
+        app.address, cred.queue_id
+    ))
+    .await;
+    assert_eq!(status, 200);
+}

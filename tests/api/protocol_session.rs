@@ -249,6 +249,55 @@ async fn a_revoked_credential_found_by_a_claim_is_reported_without_reply_to_and_
     app.assert_invariants().await;
 }
 
+#[actix_web::test]
+async fn an_ack_after_the_credential_was_revoked_gets_unauthenticated_is_not_applied_and_closes_with_1008()
+ {
+    let (app, cred, sub, mut ws) = bound_session(|_| {}, 1).await;
+    publish_one(&app, &cred, "task.succeeded").await;
+    let deliver = ws.delivery().await;
+    tenancy::revoke_credential(&app.db, &CredentialId::parse(&cred.credential_id).unwrap())
+        .await
+        .unwrap();
+    let ack = ws.envelope("event.ack", proof(&deliver));
+    let id = ack["message_id"].clone();
+    ws.send_json(ack).await;
+    let err =
+        expect_error_then_close(&mut ws, "UNAUTHENTICATED", Some(&id), CloseCode::Policy).await;
+    assert_eq!(err["session_id"], ws.session_id.as_deref().unwrap());
+    let delivery_id = deliver["body"]["delivery"]["id"].as_str().unwrap();
+    let state: Vec<String> = app
+        .column(&format!(
+            "SELECT state FROM deliveries WHERE id = '{delivery_id}' AND subscription_id = '{sub}'"
+        ))
+        .await;
+    assert_eq!(
+        state,
+        ["LEASED"],
+        "the revoked credential's ACK was applied"
+    );
+    app.assert_invariants().await;
+}
+
+#[actix_web::test]
+async fn a_hello_after_the_credential_was_revoked_since_the_upgrade_gets_unauthenticated_and_closes_with_1008()
+ {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = subscription(&app, &cred).await;
+    let mut ws = app.connect(&cred.token).await;
+    tenancy::revoke_credential(&app.db, &CredentialId::parse(&cred.credential_id).unwrap())
+        .await
+        .unwrap();
+    let hello = ws.envelope(
+        "events.hello",
+        json!({ "subscription_id": sub, "capacity": 1 }),
+    );
+    let id = hello["message_id"].clone();
+    ws.send_json(hello).await;
+    expect_error_then_close(&mut ws, "UNAUTHENTICATED", Some(&id), CloseCode::Policy).await;
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM event_sessions").await, 0);
+}
+
 async fn queue_name(app: &TestApp, cred: &Cred) -> String {
     use sea_orm::{ConnectionTrait, Statement};
     let backend = app.db.reader().get_database_backend();

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use orbit_events::delivery::sweeper::{SWEEP_RUNNING, SweepNow, SweepReport};
+use orbit_events::delivery::sweeper::{SweepError, SweepNow, SweepReport};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
@@ -15,7 +15,7 @@ pub(crate) async fn sweep(app: &TestApp) -> SweepReport {
     loop {
         match app.state.sweeper.send(SweepNow).await.unwrap() {
             Ok(report) => return report,
-            Err(e) if e == SWEEP_RUNNING && Instant::now() < deadline => {
+            Err(SweepError::Running) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(e) => panic!("sweep failed: {e}"),

@@ -84,7 +84,7 @@ async fn purge_all_due(app: &TestApp, queue: &str) -> (u64, i64, Vec<(i64, Strin
         .collect();
     let queue_id = QueueId::parse(queue).unwrap();
     let batch = journal::purge(
-        &txn,
+        &*txn,
         &queue_id,
         0,
         now().plus(Duration::from_secs(3600)),
@@ -463,7 +463,8 @@ async fn the_migration_dropping_the_event_index_applies_on_a_database_holding_de
     // Back to the schema before 0066 (the index is built over the rows),
     // then forward again, each in its own write transaction.
     let txn = app.db.begin_write().await.unwrap();
-    migration::Migrator::down(&txn, Some(1)).await.unwrap();
+    // 0066 and the migrations after it.
+    migration::Migrator::down(&*txn, Some(2)).await.unwrap();
     txn.commit().await.unwrap();
     assert_eq!(app.scalar(&index_count(&app)).await, 1);
     let before = (
@@ -473,7 +474,7 @@ async fn the_migration_dropping_the_event_index_applies_on_a_database_holding_de
         app.scalar("SELECT COUNT(*) FROM result_events").await,
     );
     let txn = app.db.begin_write().await.unwrap();
-    migration::Migrator::up(&txn, None).await.unwrap();
+    migration::Migrator::up(&*txn, None).await.unwrap();
     txn.commit().await.unwrap();
     assert_eq!(app.scalar(&index_count(&app)).await, 0);
     let after = (

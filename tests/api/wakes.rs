@@ -112,7 +112,7 @@ async fn an_outbox_append_in_a_callers_own_transaction_reaches_consumers_after_n
     let task = random_hex_id();
     let txn = app.db.begin_write().await.unwrap();
     let appended = journal::append(
-        &txn,
+        &*txn,
         &queue_id,
         &[NewResult {
             result_type: ResultType::parse("task.cancelled").unwrap(),

@@ -29,7 +29,7 @@ async fn reject_leases_of(app: &TestApp, subscription_id: &str) {
     };
     let txn = app.db.begin_write().await.unwrap();
     for sql in statements {
-        execute_unprepared(&txn, &sql).await.unwrap();
+        execute_unprepared(&*txn, &sql).await.unwrap();
     }
     txn.commit().await.unwrap();
 }
