@@ -4,34 +4,23 @@
 //! log line, an error message or a URL.
 
 use actix_web::HttpRequest;
-use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use rand::RngExt;
 
 use crate::{
-    domain::{
-        ApplicationId, CredentialId, NamespaceId, Permission, PermissionSet, QueueId, sha256_hex,
-    },
+    domain::Permission,
     error::{Error, Result},
     store::{Database, tenancy},
 };
 
-/// Prefix of every token, so a leaked token is recognizable by scanners.
-pub const TOKEN_PREFIX: &str = "oe_";
+pub use crate::domain::{Principal, TOKEN_PREFIX, generate_token, token_digest};
 
-/// The authenticated caller: everything a request may not carry itself
-/// (namespace, application, credential) comes from here.
-#[derive(Debug, Clone)]
-pub struct Principal {
-    pub credential_id: CredentialId,
-    pub namespace_id: NamespaceId,
-    pub application_id: ApplicationId,
-    pub permissions: PermissionSet,
-    pub queue_scope: Vec<QueueId>,
+/// `require` on a [`Principal`], answered with the edge error.
+pub trait Require {
+    /// 403 `PERMISSION_DENIED` unless the credential holds `permission`.
+    fn require(&self, permission: Permission) -> Result<()>;
 }
 
-impl Principal {
-    /// 403 `PERMISSION_DENIED` unless the credential holds `permission`.
-    pub fn require(&self, permission: Permission) -> Result<()> {
+impl Require for Principal {
+    fn require(&self, permission: Permission) -> Result<()> {
         if self.permissions.contains(permission) {
             Ok(())
         } else {
@@ -41,22 +30,6 @@ impl Principal {
             )))
         }
     }
-
-    /// Whether `queue` is in the credential's queue scope.
-    pub fn in_scope(&self, queue: &QueueId) -> bool {
-        self.queue_scope.contains(queue)
-    }
-}
-
-/// A fresh token: `oe_` + 43 characters of base64url (256 random bits).
-pub fn generate_token() -> String {
-    let bytes: [u8; 32] = rand::rng().random();
-    format!("{TOKEN_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
-}
-
-/// The stored form of a token.
-pub fn token_digest(token: &str) -> String {
-    sha256_hex(token.as_bytes())
 }
 
 /// Authenticates the request's `Authorization: Bearer` header: missing,

@@ -14,6 +14,8 @@ use actix_web::{
     },
 };
 use sea_orm::DbErr;
+
+use crate::store::{StoreError, WriteError};
 use serde_json::Value;
 
 use crate::strict_json::StrictJsonError;
@@ -96,7 +98,7 @@ struct Inner {
     request_id: Option<String>,
     /// The database error an `UNAVAILABLE` came from (for the writer, which
     /// replaces a write connection after a fault; decision 0076).
-    cause: Option<DbErr>,
+    cause: Option<StoreError>,
 }
 
 /// Result alias for the service.
@@ -239,24 +241,34 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-impl From<DbErr> for Error {
-    /// `UNAVAILABLE`. A fault of the database (a full disk, a lost
-    /// connection) is logged once per episode by the writer, not per
-    /// request; any other database error is logged here.
-    fn from(err: DbErr) -> Error {
-        let mut e = if crate::store::writer::fault_cause(&err).is_some() {
-            tracing::debug!(error = %err, "database fault answered as UNAVAILABLE");
-            Error::unavailable("the database is unavailable; retry later")
-        } else {
-            Error::internal(format_args!("database: {err}"))
+impl From<StoreError> for Error {
+    /// `UNAVAILABLE`, keeping the cause. A fault of the database (a full
+    /// disk, a lost connection) is logged once per episode by the writer,
+    /// not per request; anything else is logged here with its cause.
+    fn from(err: StoreError) -> Error {
+        let mut e = match &err {
+            err if err.fault().is_some() => {
+                tracing::debug!(error = %err, "database fault answered as UNAVAILABLE");
+                Error::unavailable("the database is unavailable; retry later")
+            }
+            StoreError::Stopping => {
+                Error::unavailable("the node is stopping; retry on another node")
+            }
+            err => Error::internal(format_args!("store: {err}")),
         };
         e.0.cause = Some(err);
         e
     }
 }
 
-impl crate::store::WriteError for Error {
-    fn database_error(&self) -> Option<&DbErr> {
+impl From<DbErr> for Error {
+    fn from(err: DbErr) -> Error {
+        Error::from(StoreError::from(err))
+    }
+}
+
+impl WriteError for Error {
+    fn store_error(&self) -> Option<&StoreError> {
         self.0.cause.as_ref()
     }
 }

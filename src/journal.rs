@@ -5,20 +5,21 @@
 //! render. The scanner, pool and connections never look at the task-result
 //! shape; another journal could implement these same functions.
 
+use crate::store::StoreError;
 use std::collections::{HashMap, HashSet};
 
 use entity::{delivery, queue, result_event, subscription};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait,
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
+    QuerySelect, QueryTrait,
     sea_query::{Expr, LockType},
 };
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::{
-    delivery::listener::Wake,
     domain::{DeliveryState, EventId, QueueId, ResultType, Timestamp},
+    store::wakes::Wake,
 };
 
 /// One result to append, already validated at the edge.
@@ -81,7 +82,7 @@ pub async fn append<C: ConnectionTrait>(
     queue_id: &QueueId,
     results: &[NewResult],
     now: Timestamp,
-) -> Result<Option<Vec<(EventId, i64)>>, DbErr> {
+) -> Result<Option<Vec<(EventId, i64)>>, StoreError> {
     let mut appended = append_many(conn, &[(queue_id, results)], now).await?;
     Ok(appended.pop().flatten())
 }
@@ -103,10 +104,11 @@ pub async fn append_many<C: ConnectionTrait>(
     conn: &C,
     appends: &[(&QueueId, &[NewResult])],
     now: Timestamp,
-) -> Result<Vec<Option<Vec<(EventId, i64)>>>, DbErr> {
+) -> Result<Vec<Option<Vec<(EventId, i64)>>>, StoreError> {
     let mut totals: Vec<(&str, i64)> = Vec::new();
     for (queue_id, results) in appends {
-        let n = i64::try_from(results.len()).map_err(|e| DbErr::Custom(e.to_string()))?;
+        let n = i64::try_from(results.len())
+            .map_err(|_| StoreError::invariant("more results than a sequence can count"))?;
         match totals.iter_mut().find(|(q, _)| *q == queue_id.as_str()) {
             Some((_, total)) => *total += n,
             None => totals.push((queue_id.as_str(), n)),
@@ -184,15 +186,15 @@ pub async fn append_many<C: ConnectionTrait>(
 pub async fn notify_appended<C: ConnectionTrait>(
     conn: &C,
     queue_id: &QueueId,
-) -> Result<(), DbErr> {
-    crate::delivery::listener::notify(conn, &[Wake::Journal(queue_id.clone())], None).await
+) -> Result<(), StoreError> {
+    crate::store::wakes::notify(conn, &[Wake::Journal(queue_id.clone())], None).await
 }
 
 /// Head and floor of a queue's log, as this connection sees them.
 pub async fn position<C: ConnectionTrait>(
     conn: &C,
     queue_id: &QueueId,
-) -> Result<Option<LogPosition>, DbErr> {
+) -> Result<Option<LogPosition>, StoreError> {
     let row: Option<(i64, i64)> = queue::Entity::find_by_id(queue_id.as_str())
         .select_only()
         .column(queue::Column::HeadSequence)
@@ -211,7 +213,7 @@ pub async fn position<C: ConnectionTrait>(
 pub async fn position_for_materialize<C: ConnectionTrait>(
     conn: &C,
     queue_id: &QueueId,
-) -> Result<Option<LogPosition>, DbErr> {
+) -> Result<Option<LogPosition>, StoreError> {
     let mut query = queue::Entity::find_by_id(queue_id.as_str())
         .select_only()
         .column(queue::Column::HeadSequence)
@@ -251,7 +253,7 @@ pub async fn purge<C: ConnectionTrait>(
     after: i64,
     cutoff: Timestamp,
     limit: u64,
-) -> Result<PurgeBatch, DbErr> {
+) -> Result<PurgeBatch, StoreError> {
     let mut query = queue::Entity::find_by_id(queue_id.as_str())
         .select_only()
         .column(queue::Column::RetentionFloor);
@@ -355,7 +357,7 @@ pub async fn read_after<C: ConnectionTrait>(
     after: i64,
     up_to: i64,
     limit: u64,
-) -> Result<Vec<JournalEntry>, DbErr> {
+) -> Result<Vec<JournalEntry>, StoreError> {
     if up_to <= after {
         return Ok(Vec::new());
     }
@@ -404,9 +406,10 @@ fn ser_i64_string<S: serde::Serializer>(v: &i64, s: S) -> Result<S::Ok, S::Error
 }
 
 impl RenderedEvent {
-    fn from_model(m: result_event::Model) -> Result<RenderedEvent, DbErr> {
+    fn from_model(m: result_event::Model) -> Result<RenderedEvent, StoreError> {
         let raw = |text: String| {
-            RawValue::from_string(text).map_err(|e| DbErr::Custom(format!("stored JSON: {e}")))
+            RawValue::from_string(text)
+                .map_err(|e| StoreError::invariant(format!("stored JSON: {e}")))
         };
         Ok(RenderedEvent {
             id: m.id,
@@ -426,7 +429,7 @@ impl RenderedEvent {
 pub async fn render<C: ConnectionTrait>(
     conn: &C,
     ids: &[EventId],
-) -> Result<HashMap<EventId, RenderedEvent>, DbErr> {
+) -> Result<HashMap<EventId, RenderedEvent>, StoreError> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }

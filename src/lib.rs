@@ -5,7 +5,8 @@
 //! [`http`] (management API), [`ws`] (connections and frames),
 //! [`delivery`] (scanner, lease pool, sweeper), [`store`] (one function per
 //! transaction), [`journal`] (the result log), [`domain`] (validated types),
-//! [`metrics`] (Prometheus).
+//! [`metrics`] (Prometheus); [`startup`] builds a node, [`node`] runs and
+//! stops it.
 
 pub mod auth;
 pub mod cli;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod http;
 pub mod journal;
 pub mod metrics;
+pub mod node;
 pub mod startup;
 pub mod state;
 pub mod store;

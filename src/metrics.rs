@@ -22,7 +22,6 @@ use prometheus_client::{
 };
 
 use crate::{
-    delivery::pool::PoolStats,
     domain::{ApplicationId, QueueId},
     store::{WriterStats, backlog::Backlog, writer::FaultCause},
 };
@@ -75,6 +74,18 @@ pub enum Purged {
     AckedDeliveries,
     IdempotencyRecords,
     Sessions,
+}
+
+/// The lease pool's gauges at scrape time (the pool reports them:
+/// `delivery::pool::PoolStats::gauges`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolGauges {
+    pub connections: usize,
+    pub claims_waiting: usize,
+    pub claims_in_flight: usize,
+    pub max_claims_waiting_seen: usize,
+    pub max_claims_in_flight_seen: usize,
+    pub max_claims_in_flight_per_application_seen: usize,
 }
 
 /// Label values are the snake_case names documented in `docs/operations.md`.
@@ -485,7 +496,7 @@ impl Metrics {
     /// read just before).
     pub fn encode(
         &self,
-        pool: &PoolStats,
+        pool: &PoolGauges,
         backlog: &Backlog,
         writer: &WriterStats,
     ) -> Result<String, std::fmt::Error> {

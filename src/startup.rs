@@ -15,25 +15,21 @@ use actix_web::{
     web,
 };
 use sea_orm::DbBackend;
-use tokio::{
-    sync::{oneshot, watch},
-    task::LocalSet,
-};
 
 use crate::{
     config::Settings,
     delivery::{
-        acks::AckBatcher,
         listener::{self, Announcer},
         pool::{GetPoolStats, LeasePoolActor, PoolLimits},
-        scanner::ScannerActor,
+        scanner::{JournalAppended, ScannerActor},
         sweeper::SweeperActor,
     },
     domain::{NodeId, now},
-    http::{self, results::PublishBatcher},
+    http,
     metrics::Metrics,
+    node::{DeliveryThread, Shutdown},
     state::AppState,
-    store::{Database, retention, sessions},
+    store::{Database, retention, sessions, writer::queues::Queues},
 };
 
 /// How long a stopping node waits for its connections to finish their
@@ -46,16 +42,11 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 /// is back by then unless something outside the node still holds one.
 const POOL_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long the delivery thread, once its actors and tasks are dropped,
-/// keeps running what those drops started (sqlx returning connections to
-/// their pools, the listener's `UNLISTEN`) before its runtime goes away.
-const DELIVERY_SETTLE: Duration = Duration::from_secs(1);
-
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error("database: {0}")]
-    Database(#[from] sea_orm::DbErr),
+    Database(#[from] crate::store::StoreError),
     #[error("cannot listen on {address}: {source}")]
     Listen {
         address: String,
@@ -131,54 +122,58 @@ impl Application {
         let retention_settings = settings.retention.clone();
         let listen_url = settings.database.url.clone();
         let delivery_db = db.clone();
-        let ack_db = db.clone();
-        let publish_db = db.clone();
+        let queues_db = db.clone();
         let metrics_for_publishes = metrics.clone();
         let idempotency_ttl =
             std::time::Duration::from_secs(settings.retention.idempotency_max_age_s);
         let delivery_node = node_id.clone();
         let delivery_metrics = metrics.clone();
-        let (delivery, (pool, scanner, sweeper, acks, publishes)) =
-            DeliveryThread::start(move || {
-                let (db, node_id, metrics) = (delivery_db, delivery_node, delivery_metrics);
-                let pool =
-                    LeasePoolActor::new(db.clone(), pool_limits, lease, metrics.clone()).start();
-                // Several nodes share one database only on PostgreSQL: there,
-                // local wakes are NOTIFYed to the other nodes and theirs are
-                // LISTENed for.
-                let shared = db.backend() == DbBackend::Postgres;
-                let announcer = shared.then(|| Announcer::start(db.clone(), node_id.clone()));
-                let scanner = ScannerActor::new(
-                    db.clone(),
-                    pool.clone(),
-                    per_round,
-                    scan_interval,
-                    announcer,
-                    metrics.clone(),
-                )
-                .start();
-                let sweeper = SweeperActor::new(
-                    db,
-                    node_id.clone(),
-                    scanner.clone(),
-                    metrics,
-                    sweep_interval,
-                    retention_settings,
-                )
-                .start();
-                if shared {
-                    listener::start_listener(listen_url, node_id, scanner.clone());
-                }
-                let acks = AckBatcher::start(ack_db);
-                let publishes = PublishBatcher::start(
-                    publish_db,
-                    idempotency_ttl,
-                    scanner.clone(),
-                    metrics_for_publishes,
-                );
-                (pool, scanner, sweeper, acks, publishes)
-            })
-            .map_err(StartupError::Thread)?;
+        let (delivery, (pool, scanner, sweeper, writes)) = DeliveryThread::start(move || {
+            let (db, node_id, metrics) = (delivery_db, delivery_node, delivery_metrics);
+            let pool = LeasePoolActor::new(db.clone(), pool_limits, lease, metrics.clone()).start();
+            // Several nodes share one database only on PostgreSQL: there,
+            // local wakes are NOTIFYed to the other nodes and theirs are
+            // LISTENed for.
+            let shared = db.backend() == DbBackend::Postgres;
+            let announcer = shared.then(|| Announcer::start(db.clone(), node_id.clone()));
+            let scanner = ScannerActor::new(
+                db.clone(),
+                pool.clone(),
+                per_round,
+                scan_interval,
+                announcer,
+                metrics.clone(),
+            )
+            .start();
+            let sweeper = SweeperActor::new(
+                db,
+                node_id.clone(),
+                scanner.clone(),
+                metrics,
+                sweep_interval,
+                retention_settings,
+            )
+            .start();
+            if shared {
+                listener::start_listener(listen_url, node_id, scanner.clone());
+            }
+            // Every fresh publish wakes the scanner and is counted, after
+            // its commit, whether or not its caller still waits.
+            let appended = scanner.clone();
+            let writes = Queues::start(
+                queues_db,
+                idempotency_ttl,
+                http::results::render_published,
+                Arc::new(move |queue_id, n| {
+                    metrics_for_publishes.appended(queue_id, n);
+                    appended.do_send(JournalAppended {
+                        queue_id: queue_id.clone(),
+                    });
+                }),
+            );
+            (pool, scanner, sweeper, writes)
+        })
+        .map_err(StartupError::Thread)?;
 
         let metrics_listener = match &settings.server.metrics_listen {
             Some(address) => Some(bind(address)?),
@@ -191,8 +186,7 @@ impl Application {
             scanner,
             pool,
             sweeper,
-            acks,
-            publishes,
+            writes,
             metrics,
             node_id,
             shutdown: Shutdown::new(),
@@ -300,73 +294,6 @@ impl Application {
     }
 }
 
-/// The node-wide stop signal. Connections watch it: on [`Shutdown::begin`]
-/// each one stops taking frames, lets its in-flight hello/ACK/ping finish
-/// (their replies are written), then closes with 1001.
-#[derive(Clone, Debug)]
-pub struct Shutdown(Arc<watch::Sender<Option<StopMode>>>);
-
-/// How the HTTP server stops once the connections have drained.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StopMode {
-    /// In-flight HTTP requests get the server's shutdown timeout.
-    Graceful,
-    /// Open HTTP connections are closed at once.
-    Prompt,
-}
-
-impl Shutdown {
-    pub fn new() -> Shutdown {
-        Shutdown(Arc::new(watch::Sender::new(None)))
-    }
-
-    /// Starts the drain (idempotent): what SIGTERM does.
-    pub fn begin(&self) {
-        self.0.send_if_modified(|mode| {
-            let begins = mode.is_none();
-            if begins {
-                *mode = Some(StopMode::Graceful);
-            }
-            begins
-        });
-    }
-
-    /// As [`Shutdown::begin`] (WebSocket connections drain and close with
-    /// 1001 all the same), but once they have, the HTTP server closes its
-    /// open HTTP connections at once instead of giving them its shutdown
-    /// timeout (5 s): for stopping a node nobody uses any more, e.g. at
-    /// the end of a test, where idle keep-alive connections would hold the
-    /// stop for the whole timeout. Also shortens a drain already begun.
-    pub fn begin_prompt(&self) {
-        self.0.send_if_modified(|mode| {
-            let changes = *mode != Some(StopMode::Prompt);
-            *mode = Some(StopMode::Prompt);
-            changes
-        });
-    }
-
-    pub fn is_begun(&self) -> bool {
-        self.0.borrow().is_some()
-    }
-
-    fn is_prompt(&self) -> bool {
-        *self.0.borrow() == Some(StopMode::Prompt)
-    }
-
-    /// Resolves once [`Shutdown::begin`] has been called.
-    pub async fn begun(&self) {
-        let mut rx = self.0.subscribe();
-        // The sender lives in `self`, so `wait_for` cannot see it dropped.
-        let _ = rx.wait_for(Option::is_some).await;
-    }
-}
-
-impl Default for Shutdown {
-    fn default() -> Shutdown {
-        Shutdown::new()
-    }
-}
-
 /// Drains a node: stop accepting, wait (at most [`SHUTDOWN_GRACE`]) until
 /// every WebSocket connection has finished its in-flight database work and
 /// closed with 1001, mark this node's sessions closed, then stop the HTTP
@@ -421,191 +348,5 @@ async fn next_signal() -> std::io::Result<()> {
     tokio::select! {
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
-    }
-}
-
-/// The thread the delivery actors run on: a current-thread Tokio runtime
-/// with a local task set, as an actix `Arbiter` is, but one that drops its
-/// tasks inside its live runtime when it stops. An `Arbiter` drops its task
-/// set after its runtime has left the thread's context, and sqlx then
-/// panics ("requires a Tokio context") where a dropped connection spawns
-/// its return to the pool, or the LISTEN connection its `UNLISTEN`.
-struct DeliveryThread {
-    stop: Option<oneshot::Sender<()>>,
-    stopped: Option<oneshot::Receiver<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl DeliveryThread {
-    /// Starts the thread and runs `start` on it (actors started there with
-    /// `Actor::start`, tasks with `actix::spawn`, live on that thread);
-    /// returns what `start` returned.
-    fn start<T: Send + 'static>(
-        start: impl FnOnce() -> T + Send + 'static,
-    ) -> std::io::Result<(DeliveryThread, T)> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let (stopped_tx, stopped_rx) = oneshot::channel::<()>();
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("orbit-delivery".to_owned())
-            .spawn(move || {
-                let tasks = LocalSet::new();
-                tasks.block_on(&runtime, async move {
-                    let _ = started_tx.send(start());
-                    // Stops on `stop`, or when the handle is gone.
-                    let _ = stop_rx.await;
-                });
-                {
-                    let _context = runtime.enter();
-                    drop(tasks);
-                }
-                runtime.block_on(async {
-                    let deadline = tokio::time::Instant::now() + DELIVERY_SETTLE;
-                    let metrics = tokio::runtime::Handle::current().metrics();
-                    while metrics.num_alive_tasks() > 0 && tokio::time::Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                });
-                // Whatever is still left is dropped inside the runtime too.
-                drop(runtime);
-                let _ = stopped_tx.send(());
-            })?;
-        let started = started_rx.recv().map_err(|_| {
-            std::io::Error::other("the delivery thread stopped while starting its actors")
-        })?;
-        let delivery = DeliveryThread {
-            stop: Some(stop_tx),
-            stopped: Some(stopped_rx),
-            thread: Some(thread),
-        };
-        Ok((delivery, started))
-    }
-
-    /// Stops the thread and waits for it without blocking the caller's
-    /// runtime.
-    async fn stop(mut self) {
-        self.stop.take();
-        if let Some(stopped) = self.stopped.take() {
-            let _ = stopped.await;
-        }
-        self.join();
-    }
-
-    fn join(&mut self) {
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the delivery thread panicked");
-        }
-    }
-}
-
-impl Drop for DeliveryThread {
-    /// Stops the thread and waits for it (at most about [`DELIVERY_SETTLE`]).
-    fn drop(&mut self) {
-        self.stop.take();
-        self.join();
-    }
-}
-
-/// A node serving on a thread of its own (its own actix System), for tests
-/// and for embedding a node in a program: whatever the caller's runtime
-/// does, or when it goes away, the node keeps running until stopped, and
-/// stops inside its own runtime. [`NodeThread::stop`], or dropping it,
-/// stops the node promptly ([`Shutdown::begin_prompt`]: WebSocket
-/// connections drain and close with 1001, the HTTP server stops, then the
-/// delivery thread and the pools) and waits until it has stopped.
-///
-/// The wait needs nothing from the caller's runtime as long as the node's
-/// pools are used by the node alone: a caller that queries the database
-/// should open its own [`Database`] (a connection opened by a task of the
-/// caller's runtime is driven by that runtime).
-pub struct NodeThread {
-    port: u16,
-    state: AppState,
-    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
-}
-
-impl NodeThread {
-    /// Builds the node ([`Application::build`]) on a new thread and starts
-    /// serving; resolves once it listens.
-    pub async fn start(settings: Settings) -> Result<NodeThread, StartupError> {
-        let (started_tx, started_rx) = oneshot::channel();
-        let thread = std::thread::Builder::new()
-            .name("orbit-node".to_owned())
-            .spawn(move || {
-                actix_web::rt::System::new().block_on(async move {
-                    match Application::build(settings).await {
-                        Ok(app) => {
-                            let _ = started_tx.send(Ok((app.port(), app.state().clone())));
-                            app.run_until_stopped().await
-                        }
-                        Err(err) => {
-                            let _ = started_tx.send(Err(err));
-                            Ok(())
-                        }
-                    }
-                })
-            })
-            .map_err(StartupError::Thread)?;
-        match started_rx.await {
-            Ok(Ok((port, state))) => Ok(NodeThread {
-                port,
-                state,
-                thread: Some(thread),
-            }),
-            Ok(Err(err)) => {
-                let _ = thread.join();
-                Err(err)
-            }
-            Err(_) => {
-                let _ = thread.join();
-                Err(StartupError::Thread(std::io::Error::other(
-                    "the node's thread stopped while starting",
-                )))
-            }
-        }
-    }
-
-    /// The bound port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The bound port of `server.metrics_listen`, when set.
-    pub fn metrics_port(&self) -> Option<u16> {
-        self.state.metrics_addr.map(|a| a.port())
-    }
-
-    /// The node's shared state (its actors, its [`Shutdown`]).
-    pub fn state(&self) -> &AppState {
-        &self.state
-    }
-
-    /// Stops the node promptly and waits until it has stopped; returns how
-    /// its HTTP server ended.
-    pub fn stop(mut self) -> std::io::Result<()> {
-        self.stop_and_wait()
-    }
-
-    fn stop_and_wait(&mut self) -> std::io::Result<()> {
-        let Some(thread) = self.thread.take() else {
-            return Ok(());
-        };
-        self.state.shutdown.begin_prompt();
-        thread
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the node's thread panicked")))
-    }
-}
-
-impl Drop for NodeThread {
-    fn drop(&mut self) {
-        if let Err(err) = self.stop_and_wait() {
-            tracing::warn!(error = %err, "the node stopped with an error");
-        }
     }
 }

@@ -6,14 +6,11 @@ use actix::Addr;
 
 use crate::{
     config::Settings,
-    delivery::{
-        acks::AckBatcher, pool::LeasePoolActor, scanner::ScannerActor, sweeper::SweeperActor,
-    },
+    delivery::{pool::LeasePoolActor, scanner::ScannerActor, sweeper::SweeperActor},
     domain::NodeId,
-    http::results::PublishBatcher,
     metrics::Metrics,
-    startup::Shutdown,
-    store::Database,
+    node::Shutdown,
+    store::{Database, writer::queues::Queues},
 };
 
 /// Shared node state (cheap to clone).
@@ -24,9 +21,8 @@ pub struct AppState {
     pub scanner: Addr<ScannerActor>,
     pub pool: Addr<LeasePoolActor>,
     pub sweeper: Addr<SweeperActor>,
-    /// Group commit of ACKs (one batch transaction at a time).
-    pub acks: AckBatcher,
-    pub publishes: PublishBatcher,
+    /// Group commit of ACKs and publishes (decision 0078).
+    pub writes: Queues,
     /// This node's metrics (its own registry, not a process-global one).
     pub metrics: Arc<Metrics>,
     pub node_id: NodeId,

@@ -3,8 +3,6 @@
 //! and applies retention; on PostgreSQL the listener carries wakes between
 //! nodes (spec: architecture.md §1, delivery-model.md §5–§8).
 
-pub mod acks;
-pub mod group_commit;
 pub mod listener;
 pub mod pool;
 pub mod scanner;

@@ -10,12 +10,10 @@
 //! Claims run as futures on the pool's arbiter: the connection actors that
 //! read frames and answer pings never wait for one.
 //!
-//! Group commit (decision 0061): when a subscription's turn comes, every
-//! request of it that waits (up to [`MAX_CLAIM_BATCH`]) runs in one claim
-//! transaction, so one commit serves several of its sessions. The limits
-//! count transactions, so they hold as before; fairness among applications
-//! and among an application's subscriptions is unchanged (one transaction
-//! per turn).
+//! When a subscription's turn comes, every request of it that waits (up to
+//! [`MAX_CLAIM_BATCH`]) runs as one claim batch through the writer's batch
+//! rule (decision 0078), so one commit serves several of its sessions. The
+//! limits count transactions; fairness is one transaction per turn.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -24,17 +22,15 @@ use std::{
 };
 
 use actix::prelude::*;
-use sea_orm::DbErr;
 
 use crate::{
     delivery::scanner::ClaimSettled,
     domain::{ApplicationId, SubscriptionId},
-    metrics::{Metrics, Operation, Outcome},
+    metrics::{Metrics, Operation, Outcome, PoolGauges},
     store::{
-        Database,
+        Database, StoreError,
         claim::{self, ClaimOutcome, ClaimTarget},
     },
-    ws::connection::ClaimResult,
 };
 
 /// Limits the pool enforces (from `[limits]`).
@@ -65,6 +61,29 @@ pub struct PoolStats {
     pub max_claims_per_transaction_seen: usize,
     pub claims_refused: u64,
     pub claims_completed: u64,
+}
+
+/// The outcome of a claim for a connection, sent by the pool (or by the
+/// scanner when materialization finds a history gap).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ClaimResult {
+    pub outcome: Result<ClaimOutcome, StoreError>,
+}
+
+impl PoolStats {
+    /// What `/metrics` shows of these.
+    pub fn gauges(&self) -> PoolGauges {
+        PoolGauges {
+            connections: self.connections,
+            claims_waiting: self.claims_waiting,
+            claims_in_flight: self.claims_in_flight,
+            max_claims_waiting_seen: self.max_claims_waiting_seen,
+            max_claims_in_flight_seen: self.max_claims_in_flight_seen,
+            max_claims_in_flight_per_application_seen: self
+                .max_claims_in_flight_per_application_seen,
+        }
+    }
 }
 
 /// A request to lease up to `want` deliveries to one session.
@@ -317,7 +336,7 @@ impl LeasePoolActor {
             hooks.before_transaction().await;
             let started = Instant::now();
             let pause = hooks.inside_transaction();
-            let results = claim_each(&db, &claims, lease, pause).await;
+            let results = claim::claim_each(&db, &claims, lease, pause).await;
             (results, started.elapsed())
         };
         ctx.spawn(fut.into_actor(self).map(move |(results, ran), act, ctx| {
@@ -341,7 +360,7 @@ impl LeasePoolActor {
     fn settle(
         &mut self,
         req: ClaimRequest,
-        result: Result<ClaimOutcome, DbErr>,
+        result: Result<ClaimOutcome, StoreError>,
         waited: Duration,
         ran: Duration,
     ) {
@@ -363,15 +382,9 @@ impl LeasePoolActor {
             _ => (0, true),
         };
         let failed = result.is_err();
-        if let Err(err) = &result {
+        if result.is_err() {
+            // Logged once per batch, where it failed (`batch_or_each`).
             self.metrics.database_error(Operation::Claim);
-            crate::store::writer::log_failure(
-                err,
-                &format!(
-                    "claim for subscription {} failed",
-                    req.target.subscription_id
-                ),
-            );
         }
         tracing::trace!(elapsed_ms = ran.as_millis() as u64, leased, "claim done");
         // The scanner hears of the claim before the connection does, so
@@ -386,45 +399,8 @@ impl LeasePoolActor {
             refused: false,
             failed,
         });
-        req.reply.do_send(ClaimResult {
-            outcome: result.map_err(|e| e.to_string()),
-        });
+        req.reply.do_send(ClaimResult { outcome: result });
     }
-}
-
-/// One outcome per claim, in order: the claims share one transaction; if
-/// it fails for a reason other than the database being unreachable, each
-/// claim is tried again alone, so that one claim the database rejects does
-/// not fail the other sessions' claims (decision 0061).
-async fn claim_each(
-    db: &Database,
-    claims: &[(ClaimTarget, u32)],
-    lease: Duration,
-    pause: impl Future<Output = ()>,
-) -> Vec<Result<ClaimOutcome, DbErr>> {
-    let err = match claim::claim_batch_after(db, claims, lease, pause).await {
-        Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
-        Err(err) => err,
-    };
-    if claims.len() == 1 || matches!(err, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
-        let message = err.to_string();
-        return claims
-            .iter()
-            .map(|_| Err(DbErr::Custom(message.clone())))
-            .collect();
-    }
-    crate::store::writer::log_failure(
-        &err,
-        &format!(
-            "claim batch of {} failed; running its claims one by one",
-            claims.len()
-        ),
-    );
-    let mut outcomes = Vec::with_capacity(claims.len());
-    for (target, want) in claims {
-        outcomes.push(claim::claim(db, target, *want, lease).await);
-    }
-    outcomes
 }
 
 impl Actor for LeasePoolActor {

@@ -1,20 +1,11 @@
 //! ScannerActor: knows which subscriptions have bound sessions on this node;
-//! on a wake it materializes their deliveries and enqueues at most
-//! `claims_per_scan_round` claim requests into the pool
-//! (spec: architecture.md §1, delivery-model.md §5).
-//!
-//! Claim requests are chosen round-robin over applications, then over each
-//! application's subscriptions, then over a subscription's sessions: the
-//! pool can only be fair among the requests it receives, so an application
-//! with 50 busy subscriptions gets no more requests per round than one
-//! with a single subscription.
-//!
-//! Wakes: journal append (in-process, or NOTIFY from another node), ACK,
-//! resume or retry, a new session, and the fallback timer. Local journal
-//! and subscription wakes are also announced to the other nodes on
-//! PostgreSQL ([`crate::delivery::listener`]). Database work
-//! runs as futures off the connection actors, so a slow round never delays
-//! a ping reply.
+//! on a wake (a journal append here or, by NOTIFY, on another node; an ACK,
+//! resume or retry; a new session; the fallback timer) it materializes their
+//! deliveries and enqueues at most `claims_per_scan_round` claim requests
+//! into the pool, round-robin over applications, then subscriptions, then
+//! sessions, so the pool can be fair among what it receives (spec:
+//! architecture.md §1, delivery-model.md §5). Database work runs as futures
+//! off the connection actors: a slow round never delays a ping reply.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -26,8 +17,8 @@ use actix::prelude::*;
 
 use crate::{
     delivery::{
-        listener::{Announcer, Wake},
-        pool::{ClaimRequest, LeasePoolActor},
+        listener::Announcer,
+        pool::{ClaimRequest, ClaimResult, LeasePoolActor},
     },
     domain::{ApplicationId, CredentialId, QueueId, SessionId, SubscriptionId},
     metrics::{Metrics, Operation},
@@ -35,8 +26,8 @@ use crate::{
         Database, Waiter,
         claim::{ClaimOutcome, ClaimTarget},
         materialize::{Materialized, materialize},
+        wakes::Wake,
     },
-    ws::connection::ClaimResult,
 };
 
 /// A session bound on this node (sent by its connection after the welcome).
@@ -282,7 +273,7 @@ impl ScannerActor {
     fn after_materialize(
         &mut self,
         id: &SubscriptionId,
-        result: Result<Materialized, sea_orm::DbErr>,
+        result: Result<Materialized, crate::store::StoreError>,
     ) {
         let Some(sub) = self.subscriptions.get_mut(id) else {
             return;

@@ -55,8 +55,8 @@ pub enum SweepError {
     /// The answer to [`SweepNow`] while another sweep runs.
     #[error("a sweep is already running")]
     Running,
-    #[error("database: {0}")]
-    Database(#[from] sea_orm::DbErr),
+    #[error("{0}")]
+    Database(#[from] crate::store::StoreError),
 }
 
 /// Runs one sweep now and answers with what it did, or
@@ -224,10 +224,10 @@ async fn sweep_in(
 
 /// Runs `batch` until it touches fewer than a full batch of rows (or
 /// [`MAX_BATCHES`] times); returns the rows touched.
-async fn repeat<F, Fut>(mut batch: F) -> Result<u64, sea_orm::DbErr>
+async fn repeat<F, Fut>(mut batch: F) -> Result<u64, crate::store::StoreError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<u64, sea_orm::DbErr>>,
+    Fut: Future<Output = Result<u64, crate::store::StoreError>>,
 {
     let mut total = 0;
     for _ in 0..MAX_BATCHES {

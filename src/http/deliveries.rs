@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::{
-    auth,
+    auth::{self, Require},
     delivery::scanner::SubscriptionChanged,
     domain::{DeliveryId, DeliveryState, EventId, Permission, QueueId, U64Str},
     error::{Error, Result},

@@ -2,7 +2,7 @@
 //! (spec: http-api.md §3 "List cursors"; decision 0010).
 
 use crate::{
-    auth::Principal,
+    domain::Principal,
     error::{Error, Result},
     state::AppState,
     store::list_cursor::{self, CursorBinding, ListPosition},

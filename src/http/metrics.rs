@@ -50,7 +50,7 @@ pub async fn metrics(req: HttpRequest, state: web::Data<AppState>) -> Result<Htt
     };
     let text = state
         .metrics
-        .encode(&pool, &backlog, &state.db.writer_stats())
+        .encode(&pool.gauges(), &backlog, &state.db.writer_stats())
         .map_err(Error::internal)?;
     Ok(HttpResponse::Ok().content_type(CONTENT_TYPE).body(text))
 }

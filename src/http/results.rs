@@ -1,20 +1,13 @@
 //! `POST /v1/queues/{queue_id}/results`: the producer side of the result
 //! log (spec: http-api.md §3 "Result ingest", delivery-model.md §3).
 
-use std::sync::Arc;
-
-use actix::Addr;
 use actix_web::{HttpRequest, HttpResponse, http::StatusCode, web};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use crate::{
-    auth,
-    delivery::{
-        group_commit::{BatchLimits, Batcher},
-        scanner::{JournalAppended, ScannerActor},
-    },
+    auth::{self, Require},
     domain::{Permission, QueueId, ResultType, Timestamp, U64Str, is_id},
     error::{Error, Result},
     http::{
@@ -26,12 +19,10 @@ use crate::{
         request::{idempotency_key, json_body, no_query},
     },
     journal::NewResult,
-    metrics::Metrics,
     state::AppState,
     store::{
-        Database,
         idempotency::WriteIdentity,
-        publish::{self, PublishRequest, Published},
+        publish::{PublishRequest, Published},
     },
     strict_json::{self, non_null},
 };
@@ -281,88 +272,17 @@ pub async fn publish(
         results,
         commitment,
     };
-    let outcome = state
-        .publishes
-        .batcher
-        .submit(request)
-        .await
-        .unwrap_or_else(|| Err(Error::unavailable("the node is shutting down")))?;
+    // A group commit (decision 0078); answered after the commit.
+    let outcome = state.writes.publish(request).await?;
     match outcome {
         Published::Fresh(data) => Ok(respond(&req, StatusCode::CREATED, data)),
         Published::Replay(data) => Ok(respond(&req, StatusCode::OK, data)),
     }
 }
 
-/// Publish requests per transaction at most.
-const MAX_PUBLISH_BATCH: usize = 128;
-
-/// Publish transactions at once, on both backends. Publishes to one queue
-/// serialize on its counter row anyway: with several batches in flight on
-/// PostgreSQL each paid its own commit behind that lock, while with one
-/// every publish that waits joins the next batch (paced 1,000/s on
-/// PostgreSQL: p99 1.9–2.3 s with four, 132–184 ms with one; decision 0063).
-const PUBLISH_BATCHES_IN_FLIGHT: usize = 1;
-
-/// Publish requests waiting beyond the running batches; past it a request
-/// waits for room (backpressure).
-const PUBLISH_CHANNEL: usize = 1024;
-
-/// Group commit of publishes (decision 0063): requests that arrive while a
-/// publish transaction commits share the next one
-/// ([`publish::publish_each`]); each answer leaves after the commit that
-/// holds its events, and the batcher itself wakes the scanner and counts
-/// the appended results, so a caller that stopped waiting (its deadline
-/// passed) loses neither. A request whose deadline won its
-/// [`Commitment`](crate::store::Commitment) is left out of its batch; one
-/// the batch committed to first is answered its outcome (decision 0014).
-/// Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct PublishBatcher {
-    batcher: Batcher<PublishRequest, Result<Published>>,
-}
-
-impl PublishBatcher {
-    /// Starts the batcher on the calling thread's local task set (the
-    /// node's delivery thread, like the ACK batcher); idempotency records
-    /// of fresh publishes expire after `idempotency_ttl`.
-    pub fn start(
-        db: Database,
-        idempotency_ttl: std::time::Duration,
-        scanner: Addr<ScannerActor>,
-        metrics: Arc<Metrics>,
-    ) -> PublishBatcher {
-        let limits = BatchLimits {
-            slots: PUBLISH_BATCHES_IN_FLIGHT,
-            max_batch: MAX_PUBLISH_BATCH,
-            channel: PUBLISH_CHANNEL,
-        };
-        let batcher = Batcher::start(limits, move |requests: Vec<PublishRequest>| {
-            let (db, scanner, metrics) = (db.clone(), scanner.clone(), metrics.clone());
-            async move {
-                let ttl = idempotency_ttl;
-                let outcomes = publish::publish_each(&db, &requests, ttl, render_published).await;
-                let mut woken: Vec<&QueueId> = Vec::new();
-                for (request, outcome) in requests.iter().zip(&outcomes) {
-                    if let Ok(Published::Fresh(_)) = outcome {
-                        metrics.appended(&request.queue_id, request.results.len() as u64);
-                        if !woken.contains(&&request.queue_id) {
-                            woken.push(&request.queue_id);
-                            scanner.do_send(JournalAppended {
-                                queue_id: request.queue_id.clone(),
-                            });
-                        }
-                    }
-                }
-                outcomes
-            }
-        });
-        PublishBatcher { batcher }
-    }
-}
-
 /// The response `data` of a fresh publish: `{events: [{id, sequence}],
 /// deduplicated: false}`.
-fn render_published(events: &[(crate::domain::EventId, i64)]) -> Result<serde_json::Value> {
+pub fn render_published(events: &[(crate::domain::EventId, i64)]) -> Result<serde_json::Value> {
     let events = events
         .iter()
         .map(|(id, seq)| AppendedEvent {

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::{
-    auth,
+    auth::{self, Require},
     delivery::scanner::SubscriptionChanged,
     domain::{Permission, QueueId, ResultType, SubscriptionId, SubscriptionName, TypeSet, U64Str},
     error::{Error, Result},

@@ -1,12 +1,13 @@
 //! ACK with a lease proof (spec: delivery-model.md §6), one ACK or a batch
 //! of them in one transaction (group commit, decision 0060).
 
+use crate::store::StoreError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use entity::{credential, delivery, subscription};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseTransaction, DbBackend, DbErr, EntityTrait, ExprTrait,
-    QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, Condition, DatabaseTransaction, DbBackend, EntityTrait, ExprTrait, QueryFilter,
+    QueryOrder, QuerySelect,
     sea_query::{Expr, Query},
 };
 
@@ -16,6 +17,7 @@ use crate::{
         Database,
         audit::{self, AuditActor, AuditEntry},
         lock_for_update,
+        writer::batch_or_each,
     },
 };
 
@@ -56,23 +58,18 @@ pub struct AckRequest {
     pub proof: LeaseProof,
 }
 
-/// Acknowledges a delivery of `subscription_id` with `proof`: the batch of
-/// one of [`acknowledge_batch`].
-pub async fn acknowledge(
+/// One outcome per request, in order: the ACKs share one transaction
+/// ([`acknowledge_batch`]) under the writer's batch rule
+/// ([`batch_or_each`]: a fault fails them all, an ACK the database refuses
+/// runs again alone, so it never fails the others).
+pub async fn acknowledge_each(
     db: &Database,
-    subscription_id: &SubscriptionId,
-    actor: &AuditActor,
-    proof: &LeaseProof,
-) -> Result<AckOutcome, DbErr> {
-    let request = AckRequest {
-        subscription_id: subscription_id.clone(),
-        actor: actor.clone(),
-        proof: proof.clone(),
-    };
-    acknowledge_batch(db, std::slice::from_ref(&request))
-        .await?
-        .pop()
-        .ok_or_else(|| DbErr::Custom("an ACK batch of one answered nothing".to_owned()))
+    requests: &[AckRequest],
+) -> Vec<Result<AckOutcome, StoreError>> {
+    batch_or_each("ACK batch", requests, async |batch| {
+        acknowledge_batch(db, batch).await
+    })
+    .await
 }
 
 /// Acknowledges each request as if alone, in one write transaction for the
@@ -100,7 +97,7 @@ pub async fn acknowledge(
 pub async fn acknowledge_batch(
     db: &Database,
     requests: &[AckRequest],
-) -> Result<Vec<AckOutcome>, DbErr> {
+) -> Result<Vec<AckOutcome>, StoreError> {
     let rows = read_rows(db, requests.iter().map(|r| r.proof.delivery_id.as_str())).await?;
     let mut outcomes: Vec<Option<AckOutcome>> = vec![None; requests.len()];
     let mut candidates = Vec::new();
@@ -177,7 +174,12 @@ pub async fn acknowledge_batch(
             let request = &requests[i];
             let row = rows
                 .get(request.proof.delivery_id.as_str())
-                .ok_or_else(|| DbErr::RecordNotFound(request.proof.delivery_id.to_string()))?;
+                .ok_or_else(|| {
+                    StoreError::invariant(format!(
+                        "delivery {} vanished after its ACK was tried",
+                        request.proof.delivery_id
+                    ))
+                })?;
             outcomes[i] = Some(match proof_matches(row, &request.proof) {
                 true => already_acked(row).unwrap_or(AckOutcome::LeaseLost),
                 false => AckOutcome::LeaseLost,
@@ -186,7 +188,7 @@ pub async fn acknowledge_batch(
     }
     outcomes
         .into_iter()
-        .map(|o| o.ok_or_else(|| DbErr::Custom("an ACK of the batch was not decided".to_owned())))
+        .map(|o| o.ok_or_else(|| StoreError::invariant("an ACK of the batch was not decided")))
         .collect()
 }
 
@@ -194,7 +196,7 @@ pub async fn acknowledge_batch(
 async fn read_rows<'a>(
     db: &Database,
     ids: impl Iterator<Item = &'a str>,
-) -> Result<HashMap<String, delivery::Model>, DbErr> {
+) -> Result<HashMap<String, delivery::Model>, StoreError> {
     let ids: HashSet<&str> = ids.collect();
     let rows = delivery::Entity::find()
         .filter(delivery::Column::Id.is_in(ids))
@@ -208,7 +210,7 @@ async fn read_rows<'a>(
 async fn revoked_credentials<'a>(
     db: &Database,
     ids: impl Iterator<Item = &'a str>,
-) -> Result<HashSet<String>, DbErr> {
+) -> Result<HashSet<String>, StoreError> {
     let ids: HashSet<&str> = ids.collect();
     let revoked: Vec<String> = credential::Entity::find()
         .select_only()
@@ -221,51 +223,30 @@ async fn revoked_credentials<'a>(
     Ok(revoked.into_iter().collect())
 }
 
-/// Times a batch's write transaction is tried: on PostgreSQL two nodes'
-/// batches (or a batch and the sweeper) touching the same rows may
-/// deadlock, and the database then aborts one of them.
-const WRITE_ATTEMPTS: usize = 3;
-
 /// One transaction: every candidate still at its proof's epoch and not
-/// ACKED becomes ACKED; `pending_count` drops once per subscription; one
-/// audit record per ACK, inserted in one statement. Returns the event id of
-/// each delivery it ACKed.
+/// ACKED, and whose credential is not revoked, becomes ACKED;
+/// `pending_count` drops once per subscription; one audit record per ACK,
+/// inserted in one statement. Returns the event id of each delivery it
+/// ACKed. (PostgreSQL aborting it for a deadlock with another node's batch
+/// runs it again: the writer's rule.)
 async fn write_acks(
     db: &Database,
     requests: &[AckRequest],
     candidates: &[usize],
     at: Timestamp,
-) -> Result<HashMap<String, String>, DbErr> {
-    let mut attempt = 1;
-    loop {
-        match write_acks_once(db, requests, candidates, at).await {
-            Err(err) if attempt < WRITE_ATTEMPTS && db.backend() == DbBackend::Postgres => {
-                tracing::info!(error = %err, attempt, "ACK batch transaction failed; trying again");
-                attempt += 1;
-            }
-            result => return result,
-        }
-    }
-}
-
-async fn write_acks_once(
-    db: &Database,
-    requests: &[AckRequest],
-    candidates: &[usize],
-    at: Timestamp,
-) -> Result<HashMap<String, String>, DbErr> {
+) -> Result<HashMap<String, String>, StoreError> {
     db.write(async |txn| write_acks_in(txn, db.backend(), requests, candidates, at).await)
         .await
 }
 
-/// The statements of [`write_acks_once`], inside `txn`.
+/// The statements of [`write_acks`], inside `txn`.
 async fn write_acks_in(
     txn: &DatabaseTransaction,
     backend: DbBackend,
     requests: &[AckRequest],
     candidates: &[usize],
     at: Timestamp,
-) -> Result<HashMap<String, String>, DbErr> {
+) -> Result<HashMap<String, String>, StoreError> {
     let ids: Vec<&str> = candidates
         .iter()
         .map(|&i| requests[i].proof.delivery_id.as_str())
@@ -363,9 +344,9 @@ async fn write_acks_in(
         .collect();
     let mut entries = Vec::with_capacity(acked.len());
     for row in &acked {
-        let actor = actors
-            .get(row.id.as_str())
-            .ok_or_else(|| DbErr::Custom(format!("delivery {} was not asked for", row.id)))?;
+        let actor = actors.get(row.id.as_str()).ok_or_else(|| {
+            StoreError::invariant(format!("delivery {} was not asked for", row.id))
+        })?;
         entries.push((
             *actor,
             AuditEntry {

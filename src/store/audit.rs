@@ -1,7 +1,8 @@
 //! Audit records: who changed what, and the revision before and after.
 
+use crate::store::StoreError;
 use entity::audit_record;
-use sea_orm::{ConnectionTrait, DbErr, EntityTrait, Set};
+use sea_orm::{ConnectionTrait, EntityTrait, Set};
 
 use crate::domain::{CredentialId, NamespaceId, Timestamp, random_hex_id};
 
@@ -27,7 +28,7 @@ pub async fn record<C: ConnectionTrait>(
     conn: &C,
     actor: &AuditActor,
     entry: AuditEntry<'_>,
-) -> Result<(), DbErr> {
+) -> Result<(), StoreError> {
     record_many(conn, vec![(actor, entry)]).await
 }
 
@@ -36,7 +37,7 @@ pub async fn record<C: ConnectionTrait>(
 pub async fn record_many<C: ConnectionTrait>(
     conn: &C,
     entries: Vec<(&AuditActor, AuditEntry<'_>)>,
-) -> Result<(), DbErr> {
+) -> Result<(), StoreError> {
     if entries.is_empty() {
         return Ok(());
     }
@@ -54,8 +55,8 @@ pub async fn record_many<C: ConnectionTrait>(
             at: Set(entry.at.micros()),
             created_at: Set(entry.at.micros()),
         });
-    audit_record::Entity::insert_many(models)
+    Ok(audit_record::Entity::insert_many(models)
         .exec_without_returning(conn)
-        .await
-        .map(|_| ())
+        .await?)
+    .map(|_| ())
 }

@@ -2,11 +2,12 @@
 //! database when `/metrics` is scraped (spec: architecture.md §6).
 //! Read-only: three index scans, no lock.
 
+use crate::store::StoreError;
 use std::{collections::HashMap, time::Duration};
 
 use entity::{delivery, queue, subscription};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QuerySelect,
+    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect,
     sea_query::{Expr, Func},
 };
 
@@ -45,7 +46,7 @@ pub struct Backlog {
 /// Reads [`Backlog`]: the queues, the subscriptions, and the creation time
 /// of each subscription's oldest non-ACKED delivery (at most `max_pending`
 /// rows per subscription, found through the `(state, …)` index).
-pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, DbErr> {
+pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
     let queues: Vec<(String, i64, i64)> = queue::Entity::find()
         .select_only()
         .column(queue::Column::Id)

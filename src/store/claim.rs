@@ -1,23 +1,24 @@
 //! Claims: lease up to N deliveries to one session in one transaction
 //! (spec: delivery-model.md §6).
 
+use crate::store::StoreError;
 use std::{collections::HashMap, time::Duration};
 
 use entity::{delivery, subscription};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait,
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
+    QuerySelect, QueryTrait,
     sea_query::{CaseStatement, Expr, LockBehavior, LockType},
 };
 
 use crate::{
-    auth::Principal,
+    domain::Principal,
     domain::{
         CredentialId, DeliveryState, EventId, LeaseSecret, QueueId, SessionId, SubscriptionId,
         Timestamp, now,
     },
     journal::{self, RenderedEvent},
-    store::{Database, Waiter, tenancy},
+    store::{Database, Waiter, tenancy, writer::batch_or_each},
 };
 
 /// The session a claim leases to.
@@ -65,37 +66,45 @@ pub enum ClaimOutcome {
     Gone,
 }
 
-/// One transaction: check the credential and the subscription (enabled, no
-/// history gap); recover this subscription's expired leases; count the
-/// session's live leases (`held`); lease up to `min(want, capacity - held)`
-/// available PENDING rows ordered by `(sequence, id)` (PostgreSQL: `FOR
-/// UPDATE SKIP LOCKED`), each with `lease_epoch += 1, attempts += 1,
-/// revision += 1`, `lease_until = now + lease` and a fresh secret whose
-/// SHA-256 digest alone is stored. The caller writes `event.deliver` only
-/// after this returns (the lease is committed first).
+/// One transaction per call: check the credential and the subscription
+/// (enabled, no history gap); recover this subscription's expired leases;
+/// count the session's live leases (`held`); lease up to `min(want,
+/// capacity - held)` available PENDING rows ordered by `(sequence, id)`
+/// (PostgreSQL: `FOR UPDATE SKIP LOCKED`), each with `lease_epoch += 1,
+/// attempts += 1, revision += 1`, `lease_until = now + lease` and a fresh
+/// secret whose SHA-256 digest alone is stored. The caller writes
+/// `event.deliver` only after this returns (the lease is committed first).
+///
+/// One outcome per claim, in order. The claims share one transaction
+/// ([`claim_batch_after`]) under the writer's batch rule
+/// ([`batch_or_each`]: a fault fails them all, a claim the database refuses
+/// runs again alone). `pause` is awaited once, right after the first
+/// transaction began (on SQLite: while holding the write lock); test builds
+/// pass a hook there to keep claims stuck inside their transaction.
+pub async fn claim_each(
+    db: &Database,
+    claims: &[(ClaimTarget, u32)],
+    lease: Duration,
+    pause: impl Future<Output = ()>,
+) -> Vec<Result<ClaimOutcome, StoreError>> {
+    let mut pause = Some(pause);
+    batch_or_each("claim batch", claims, async |batch| {
+        claim_batch_after(db, batch, lease, pause.take()).await
+    })
+    .await
+}
+
+/// One claim alone ([`claim_each`] of one, no pause).
 pub async fn claim(
     db: &Database,
     target: &ClaimTarget,
     want: u32,
     lease: Duration,
-) -> Result<ClaimOutcome, DbErr> {
-    claim_after(db, target, want, lease, std::future::ready(())).await
-}
-
-/// As [`claim`], awaiting `pause` right after the transaction began (on
-/// SQLite: while holding the write lock). Test builds pass a hook here to
-/// keep claims stuck inside their transaction.
-pub async fn claim_after(
-    db: &Database,
-    target: &ClaimTarget,
-    want: u32,
-    lease: Duration,
-    pause: impl Future<Output = ()>,
-) -> Result<ClaimOutcome, DbErr> {
-    claim_batch_after(db, &[(target.clone(), want)], lease, pause)
-        .await?
+) -> Result<ClaimOutcome, StoreError> {
+    claim_each(db, &[(target.clone(), want)], lease, std::future::ready(()))
+        .await
         .pop()
-        .ok_or_else(|| DbErr::Custom("a claim batch of one answered nothing".to_owned()))
+        .unwrap_or_else(|| Err(StoreError::invariant("a claim of one answered nothing")))
 }
 
 /// Group commit of claims (decision 0061): each `(target, want)` is decided
@@ -108,15 +117,15 @@ pub async fn claim_after(
 /// all, one read of their events. Returns one outcome per claim, in order,
 /// only after the commit: no `event.deliver` can be written before its
 /// lease is durable. `Err`: the transaction failed and nothing of any claim
-/// was written. `pause` as in [`claim_after`].
-pub async fn claim_batch_after(
+/// was written. `pause`, if any, as in [`claim_each`].
+async fn claim_batch_after(
     db: &Database,
     claims: &[(ClaimTarget, u32)],
     lease: Duration,
-    pause: impl Future<Output = ()>,
-) -> Result<Vec<ClaimOutcome>, DbErr> {
+    pause: Option<impl Future<Output = ()>>,
+) -> Result<Vec<ClaimOutcome>, StoreError> {
     // Only the first run pauses (a member spoiled by another runs again).
-    let mut pause = Some(pause);
+    let mut pause = pause;
     db.write(async |txn| {
         if let Some(pause) = pause.take() {
             pause.await;
@@ -136,7 +145,7 @@ async fn claim_in<C: ConnectionTrait>(
     backend: DbBackend,
     claims: &[(ClaimTarget, u32)],
     lease: Duration,
-) -> Result<Vec<ClaimOutcome>, DbErr> {
+) -> Result<Vec<ClaimOutcome>, StoreError> {
     let Some((first, _)) = claims.first() else {
         return Ok(Vec::new());
     };
@@ -270,7 +279,7 @@ async fn claim_in<C: ConnectionTrait>(
             let event = events
                 .remove(&EventId::from_db(delivery.event_id.clone()))
                 .ok_or_else(|| {
-                    DbErr::Custom(format!(
+                    StoreError::invariant(format!(
                         "event {} of delivery {} is missing",
                         delivery.event_id, delivery.id
                     ))
@@ -301,7 +310,7 @@ async fn live_leases<'a, C: ConnectionTrait>(
     txn: &C,
     sessions: impl Iterator<Item = &'a SessionId>,
     now: Timestamp,
-) -> Result<HashMap<String, u64>, DbErr> {
+) -> Result<HashMap<String, u64>, StoreError> {
     let sessions: Vec<&str> = sessions.map(SessionId::as_str).collect();
     let rows: Vec<(Option<String>, i64)> = delivery::Entity::find()
         .select_only()
@@ -329,7 +338,7 @@ async fn lease_rows<C: ConnectionTrait>(
     txn: &C,
     assignment: &[(&str, &SessionId)],
     lease_until: Timestamp,
-) -> Result<HashMap<String, (delivery::Model, LeaseSecret)>, DbErr> {
+) -> Result<HashMap<String, (delivery::Model, LeaseSecret)>, StoreError> {
     let mut secrets: HashMap<&str, LeaseSecret> = HashMap::with_capacity(assignment.len());
     let mut cases: Option<(CaseStatement, CaseStatement)> = None;
     for &(id, session) in assignment {
@@ -390,7 +399,7 @@ async fn lease_rows<C: ConnectionTrait>(
     rows.into_iter()
         .map(|row| {
             let secret = secrets.remove(row.id.as_str()).ok_or_else(|| {
-                DbErr::Custom(format!("delivery {} was leased but not asked for", row.id))
+                StoreError::invariant(format!("delivery {} was leased but not asked for", row.id))
             })?;
             Ok((row.id.clone(), (row, secret)))
         })
@@ -421,7 +430,7 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
     subscription_id: Option<&SubscriptionId>,
     now: Timestamp,
     limit: u64,
-) -> Result<Recovered, DbErr> {
+) -> Result<Recovered, StoreError> {
     let mut recovered = Recovered::default();
     for to_pending in [true, false] {
         // The same conditions guard the UPDATE itself: on PostgreSQL they are

@@ -8,10 +8,10 @@ use sea_orm::{
 use serde::Serialize;
 
 use crate::{
-    auth::Principal,
+    domain::Principal,
+    domain::schema::{DeliveryStateName, Id, Time, Uint64String},
     domain::{DeliveryId, DeliveryState, SubscriptionId, Timestamp, now},
     error::{Error, Result},
-    http::openapi::{DeliveryStateName, Id, Time, Uint64String},
     store::{
         audit::{self, AuditActor, AuditEntry},
         list_cursor::ListPosition,

@@ -9,13 +9,13 @@
 //! final record commit together; a failed request rolls its placeholder
 //! back, so only successes are recorded.
 
+use crate::store::StoreError;
 use std::collections::HashMap;
 
 use entity::idempotency_record;
 
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
-    Set,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
     sea_query::{Expr, OnConflict},
 };
 use serde_json::Value;
@@ -147,7 +147,7 @@ pub async fn live_records<C: ConnectionTrait>(
     conn: &C,
     ids: &[&WriteIdentity],
     now: Timestamp,
-) -> Result<HashMap<(String, String), idempotency_record::Model>, DbErr> {
+) -> Result<HashMap<(String, String), idempotency_record::Model>, StoreError> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -178,7 +178,7 @@ pub async fn insert_finished<C: ConnectionTrait>(
     finished: &[(&WriteIdentity, u16, &Value)],
     now: Timestamp,
     expires_at: Timestamp,
-) -> Result<u64, DbErr> {
+) -> Result<u64, StoreError> {
     if finished.is_empty() {
         return Ok(0);
     }

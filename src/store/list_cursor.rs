@@ -12,13 +12,12 @@
 //! an `INSERT .. ON CONFLICT (purpose) DO NOTHING` followed by a read: two
 //! nodes creating it at once both end up with the one row that won.
 
+use crate::store::StoreError;
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use entity::signing_key;
 use hmac::{Hmac, KeyInit, Mac};
 use rand::RngExt;
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set, sea_query::OnConflict,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, sea_query::OnConflict};
 use sha2::Sha256;
 
 use crate::{
@@ -68,7 +67,7 @@ pub struct ListPosition {
 
 /// The key if one exists (a cursor cannot be valid before the first one
 /// was issued, so readers never create it).
-pub async fn load_key<C: ConnectionTrait>(conn: &C) -> Result<Option<CursorKey>, DbErr> {
+pub async fn load_key<C: ConnectionTrait>(conn: &C) -> Result<Option<CursorKey>, StoreError> {
     let row = signing_key::Entity::find()
         .filter(signing_key::Column::Purpose.eq(PURPOSE))
         .one(conn)
@@ -78,7 +77,7 @@ pub async fn load_key<C: ConnectionTrait>(conn: &C) -> Result<Option<CursorKey>,
 
 /// The key, created on first use (safe when several nodes race: the unique
 /// `purpose` keeps one row and every node reads that one).
-pub async fn ensure_key(db: &Database) -> Result<CursorKey, DbErr> {
+pub async fn ensure_key(db: &Database) -> Result<CursorKey, StoreError> {
     if let Some(key) = load_key(db.reader()).await? {
         return Ok(key);
     }
@@ -101,7 +100,7 @@ pub async fn ensure_key(db: &Database) -> Result<CursorKey, DbErr> {
             load_key(txn).await
         })
         .await?;
-    key.ok_or_else(|| DbErr::Custom("the list-cursor key could not be read back".to_owned()))
+    key.ok_or_else(|| StoreError::invariant("the list-cursor key could not be read back"))
 }
 
 /// `None` only if the key were refused, which HMAC never does.

@@ -1,8 +1,9 @@
 //! Materialization: turn journal entries into PENDING deliveries
 //! (spec: delivery-model.md §5).
 
+use crate::store::StoreError;
 use entity::{delivery, subscription};
-use sea_orm::{ActiveModelTrait, ConnectionTrait, DbErr, EntityTrait, Set, TransactionTrait};
+use sea_orm::{ActiveModelTrait, ConnectionTrait, EntityTrait, Set, TransactionTrait};
 
 use crate::{
     domain::{DeliveryId, DeliveryState, QueueId, ResultType, SubscriptionId, TypeSet, now},
@@ -51,7 +52,7 @@ pub struct Materialized {
 pub async fn materialize(
     db: &Database,
     subscription_id: &SubscriptionId,
-) -> Result<Materialized, DbErr> {
+) -> Result<Materialized, StoreError> {
     if let Some(outcome) = caught_up(db, subscription_id).await? {
         return Ok(outcome);
     }
@@ -65,7 +66,7 @@ pub async fn materialize(
 async fn caught_up(
     db: &Database,
     subscription_id: &SubscriptionId,
-) -> Result<Option<Materialized>, DbErr> {
+) -> Result<Option<Materialized>, StoreError> {
     let Some(sub) = subscription::Entity::find_by_id(subscription_id.as_str())
         .one(db.reader())
         .await?
@@ -98,7 +99,7 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
     txn: &C,
     subscription_id: &SubscriptionId,
     batch: u64,
-) -> Result<Materialized, DbErr> {
+) -> Result<Materialized, StoreError> {
     let backend = txn.get_database_backend();
     let Some(sub) = lock_for_update(
         subscription::Entity::find_by_id(subscription_id.as_str()),

@@ -14,6 +14,7 @@ pub mod audit;
 pub mod backlog;
 pub mod claim;
 pub mod deliveries;
+pub mod error;
 pub mod idempotency;
 pub mod list_cursor;
 pub mod materialize;
@@ -22,7 +23,7 @@ pub mod retention;
 pub mod sessions;
 pub mod subscriptions;
 pub mod tenancy;
-pub mod write_round;
+pub mod wakes;
 pub mod writer;
 
 use std::sync::{
@@ -38,7 +39,8 @@ use sea_orm::{
 };
 
 use crate::config::{DatabaseSettings, redact_url};
-pub use writer::{WriteError, WriteTxn, WriterStats};
+pub use error::{StoreError, WriteError};
+pub use writer::{WriteTxn, WriterStats};
 use writer::{Writer, WriterHealth};
 
 /// Connection pools of one node.
@@ -48,7 +50,7 @@ pub struct Database {
     read: DatabaseConnection,
     backend: DbBackend,
     /// SQLite: the write rounds of [`Database::write`] (decision 0068).
-    rounds: Option<Arc<write_round::Rounds>>,
+    rounds: Option<Arc<writer::round::Rounds>>,
 }
 
 /// SQLite waits this long for a lock held by another process (e.g. the
@@ -70,7 +72,7 @@ const MIGRATION_LOCK: i64 = 0x6F72_6269_7465_7631;
 impl Database {
     /// Opens the pools for `settings.url`, creating the SQLite file and its
     /// folder when needed.
-    pub async fn connect(settings: &DatabaseSettings) -> Result<Database, DbErr> {
+    pub async fn connect(settings: &DatabaseSettings) -> Result<Database, StoreError> {
         let url = settings.url.as_str();
         if url.starts_with("sqlite:") {
             Self::connect_sqlite(url, settings.max_connections).await
@@ -92,20 +94,21 @@ impl Database {
                 rounds: None,
             })
         } else {
-            Err(DbErr::Custom(format!(
+            Err(StoreError::Config(format!(
                 "database.url must start with sqlite:, postgres:// or postgresql:// (got {})",
                 redact_url(url)
             )))
         }
     }
 
-    async fn connect_sqlite(url: &str, max_connections: u32) -> Result<Database, DbErr> {
+    async fn connect_sqlite(url: &str, max_connections: u32) -> Result<Database, StoreError> {
         let (url, synchronous) = split_sqlite_synchronous(url)?;
         if let Some(parent) = sqlite_path(&url).and_then(|p| Path::new(p).parent())
             && !parent.as_os_str().is_empty()
         {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| DbErr::Custom(format!("cannot create {}: {e}", parent.display())))?;
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::Config(format!("cannot create {}: {e}", parent.display()))
+            })?;
         }
         let health = Arc::new(WriterHealth::default());
         let pool = |size: u32| {
@@ -147,10 +150,10 @@ impl Database {
     /// holding an advisory lock, so nodes started at once on a fresh
     /// database take turns (without it all but one failed on a duplicate
     /// catalog entry) and the later ones find nothing left to do.
-    pub async fn migrate(&self) -> Result<(), DbErr> {
+    pub async fn migrate(&self) -> Result<(), StoreError> {
         use migration::MigratorTrait;
         if self.backend != DbBackend::Postgres {
-            return migration::Migrator::up(self.writer.connection(), None).await;
+            return Ok(migration::Migrator::up(self.writer.connection(), None).await?);
         }
         let txn = self.writer.connection().begin().await?;
         execute_unprepared(
@@ -159,13 +162,13 @@ impl Database {
         )
         .await?;
         migration::Migrator::up(&txn, None).await?;
-        txn.commit().await
+        Ok(txn.commit().await?)
     }
 
     /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite) of its own,
     /// under the writer's rule (decision 0076): commit it with
     /// [`WriteTxn::commit`], which answers `Ok` only for a confirmed commit.
-    pub async fn begin_write(&self) -> Result<WriteTxn, DbErr> {
+    pub async fn begin_write(&self) -> Result<WriteTxn, StoreError> {
         self.writer.begin().await
     }
 
@@ -196,15 +199,15 @@ impl Database {
     /// 0076), every member gets that fault. On PostgreSQL it is a
     /// transaction of its own. The hot paths (ACK batches, claims,
     /// materialization, publishes) write through here.
-    pub async fn write<T, E, F>(&self, mut body: F) -> Result<T, E>
+    pub async fn write<T, E, F>(&self, body: F) -> Result<T, E>
     where
         E: WriteError,
         F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
     {
-        if let Some(rounds) = &self.rounds {
-            return rounds.run(self, body).await;
+        match &self.rounds {
+            Some(rounds) => rounds.run(self, body).await,
+            None => self.writer.write_again(body).await,
         }
-        self.writer.write_alone(async |txn| body(txn).await).await
     }
 
     /// True while the database refuses writes: the last write transaction
@@ -231,7 +234,7 @@ impl Database {
     /// One row that needs new pages (16 KiB), inserted into `write_probes`
     /// and deleted again in one transaction: its commit fails exactly when
     /// the file cannot grow or be written.
-    async fn write_probe(&self, node: &str) -> Result<(), DbErr> {
+    async fn write_probe(&self, node: &str) -> Result<(), StoreError> {
         let backend = self.backend;
         let (insert, delete) = match backend {
             DbBackend::Postgres => (
@@ -292,15 +295,15 @@ impl Database {
     }
 
     /// A trivial query on both pools; `Err` when the database is unreachable.
-    pub async fn ping(&self) -> Result<(), DbErr> {
+    pub async fn ping(&self) -> Result<(), StoreError> {
         self.read.ping().await?;
-        self.writer.connection().ping().await
+        Ok(self.writer.connection().ping().await?)
     }
 
     /// Closes the pools (used by tests that simulate a database outage).
-    pub async fn close(&self) -> Result<(), DbErr> {
+    pub async fn close(&self) -> Result<(), StoreError> {
         self.read.close_by_ref().await?;
-        self.writer.connection().close_by_ref().await
+        Ok(self.writer.connection().close_by_ref().await?)
     }
 }
 
@@ -405,13 +408,13 @@ pub fn lock_for_update<Q: sea_orm::QuerySelect>(query: Q, backend: DbBackend) ->
 }
 
 /// Runs `sql` (no parameters) — used for backend-specific statements.
-pub async fn execute_unprepared<C: ConnectionTrait>(conn: &C, sql: &str) -> Result<(), DbErr> {
-    conn.execute_unprepared(sql).await.map(|_| ())
+pub async fn execute_unprepared<C: ConnectionTrait>(conn: &C, sql: &str) -> Result<(), StoreError> {
+    Ok(conn.execute_unprepared(sql).await.map(|_| ())?)
 }
 
 /// Removes our own `synchronous=` parameter (sqlx does not know it) and
 /// returns the setting: FULL unless configured otherwise.
-fn split_sqlite_synchronous(url: &str) -> Result<(String, SqliteSynchronous), DbErr> {
+fn split_sqlite_synchronous(url: &str) -> Result<(String, SqliteSynchronous), StoreError> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), SqliteSynchronous::Full));
     };
@@ -425,7 +428,7 @@ fn split_sqlite_synchronous(url: &str) -> Result<(String, SqliteSynchronous), Db
                     "normal" => SqliteSynchronous::Normal,
                     "extra" => SqliteSynchronous::Extra,
                     other => {
-                        return Err(DbErr::Custom(format!(
+                        return Err(StoreError::Config(format!(
                             "database.url: synchronous={other} is not supported (full, normal, extra)"
                         )));
                     }
@@ -455,18 +458,18 @@ pub fn sqlite_path(url: &str) -> Option<&str> {
 /// The pool reports only "pool timed out" when PostgreSQL cannot be
 /// reached; one direct connection attempt names the cause (refused, unknown
 /// host, authentication failed). sqlx's messages carry no password.
-async fn postgres_connect_failure(url: &str, err: DbErr) -> DbErr {
+async fn postgres_connect_failure(url: &str, err: DbErr) -> StoreError {
     use sea_orm::sqlx::{Connection, postgres::PgConnection};
     let Ok(options) = url.parse::<sea_orm::sqlx::postgres::PgConnectOptions>() else {
-        return err;
+        return err.into();
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Ok(Err(cause)) => DbErr::Custom(format!("{err} (cause: {cause})")),
+        Ok(Err(cause)) => StoreError::Config(format!("{err} (cause: {cause})")),
         Ok(Ok(conn)) => {
             let _ = conn.close().await;
-            err
+            err.into()
         }
-        Err(_) => DbErr::Custom(format!(
+        Err(_) => StoreError::Config(format!(
             "{err} (cause: no answer within {CONNECT_TIMEOUT:?})"
         )),
     }

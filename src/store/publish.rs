@@ -1,6 +1,7 @@
 //! Publishing results (spec: http-api.md §2 and §4 `POST .../results`),
 //! several publish requests per transaction (group commit, decision 0063).
 
+use crate::store::StoreError;
 use std::{collections::HashSet, time::Duration};
 
 use sea_orm::{DatabaseTransaction, DbErr};
@@ -13,6 +14,7 @@ use crate::{
     store::{
         Commitment, Database, WriteError,
         idempotency::{self, WriteIdentity},
+        writer::batch_or_each,
     },
 };
 
@@ -55,39 +57,31 @@ pub type RenderPublished = fn(&[(EventId, i64)]) -> Result<Value>;
 ///   expiring after `ttl`) is written with the others in one insert.
 ///
 /// A key that appears twice in the batch: the first request is decided
-/// here, the later ones by [`publish_each`], after the commit, as a repeat
-/// of it. `Ok(None)`: a concurrent transaction recorded one of the keys
-/// meanwhile (PostgreSQL: the insert waited for it), nothing was written,
-/// and a new attempt decides against that record. `Err` means the whole
-/// batch failed and nothing was written.
+/// here, the later ones (`None`) by [`publish_each`], after the commit, as a
+/// repeat of it. `Err` means the whole batch failed and nothing was written.
 ///
-/// The deadline (decision 0014): a request whose deadline won is left out
-/// (503); the others are committed to ([`Commitment::commit`]) only after
-/// their statements ran, just before the `COMMIT`, because a statement can
-/// wait for a lock for any time and the deadline must still answer 503
-/// then. A request whose deadline passed while its statements ran is not
-/// written: the transaction is rolled back and the batch runs again
-/// without it.
-pub async fn publish_batch(
+/// The body runs again (the writer's rule, [`WriteError::again`]) when a
+/// concurrent transaction recorded one of the keys meanwhile (PostgreSQL:
+/// the insert waited for it; the next run decides against that record), or
+/// when the deadline of a request passed while its statements ran (decision
+/// 0014): a request whose deadline won is left out (503); the others are
+/// committed to ([`Commitment::commit`]) only after their statements ran,
+/// just before the `COMMIT`, because a statement can wait for a lock for any
+/// time and the deadline must still answer 503 then.
+async fn publish_batch(
     db: &Database,
     requests: &[PublishRequest],
     ttl: Duration,
     render: RenderPublished,
-) -> Result<Option<Vec<Option<Result<Published>>>>, DbErr> {
+) -> Result<Vec<Option<Result<Published>>>, StoreError> {
     let t = now();
-    loop {
-        let written = db
-            .write(async |txn| publish_in(txn, requests, ttl, render, t).await)
-            .await;
-        match written {
-            Ok(outcomes) => return Ok(Some(outcomes)),
-            // Ends: each such attempt found a request abandoned that was
-            // not at its start, and the next attempt leaves it out.
-            Err(Undone::AbandonedMeanwhile) => {}
-            Err(Undone::KeyRecordedMeanwhile) => return Ok(None),
-            Err(Undone::Failed(err)) => return Err(err),
-        }
-    }
+    db.write(async |txn| publish_in(txn, requests, ttl, render, t).await)
+        .await
+        .map_err(|undone| match undone {
+            Undone::Failed(err) => err,
+            // Still racing after every attempt of the writer.
+            _ => StoreError::invariant("the publish batch met concurrent writes on every attempt"),
+        })
 }
 
 /// Why [`publish_in`] wrote nothing.
@@ -97,21 +91,37 @@ enum Undone {
     /// The deadline of a request of the batch passed while its statements
     /// ran (its caller was answered 503): roll back, run again without it.
     AbandonedMeanwhile,
-    Failed(DbErr),
+    Failed(StoreError),
 }
 
-impl From<DbErr> for Undone {
-    fn from(err: DbErr) -> Self {
+impl From<StoreError> for Undone {
+    fn from(err: StoreError) -> Self {
         Undone::Failed(err)
     }
 }
 
+impl From<DbErr> for Undone {
+    fn from(err: DbErr) -> Self {
+        Undone::Failed(err.into())
+    }
+}
+
 impl WriteError for Undone {
-    fn database_error(&self) -> Option<&DbErr> {
+    fn store_error(&self) -> Option<&StoreError> {
         match self {
             Undone::Failed(err) => Some(err),
             _ => None,
         }
+    }
+
+    /// Both are decided by running the batch again: a key recorded
+    /// meanwhile is answered from its record, an abandoned request is left
+    /// out.
+    fn again(&self) -> bool {
+        matches!(
+            self,
+            Undone::KeyRecordedMeanwhile | Undone::AbandonedMeanwhile
+        )
     }
 }
 
@@ -160,7 +170,9 @@ async fn publish_in(
                 // Rendering strings cannot fail in practice; if it did, the
                 // events of this request would lack their response: the
                 // whole batch fails instead.
-                let data = render(&events).map_err(|e| DbErr::Custom(e.message().to_owned()))?;
+                let data = render(&events).map_err(|e| {
+                    StoreError::invariant(format!("rendering a publish answer: {}", e.message()))
+                })?;
                 outcomes[i] = Some(Ok(Published::Fresh(data.clone())));
                 finished.push((i, data));
             }
@@ -189,72 +201,35 @@ async fn publish_in(
     Ok(outcomes)
 }
 
-/// One outcome per request, in order ([`publish_batch`], then the repeats
-/// of a key within the batch, each alone after the commit). If the batch
-/// fails or meets a key recorded concurrently, each request is tried again
-/// alone, so that one request the database rejects never fails the others
-/// that shared its transaction.
+/// One outcome per request, in order: the requests share one transaction
+/// ([`publish_batch`]) under the writer's batch rule ([`batch_or_each`]: a
+/// fault fails them all, a request the database refuses runs again alone);
+/// then the repeats of a key within the batch, each alone after the commit,
+/// as a repeat of the first.
 pub async fn publish_each(
     db: &Database,
     requests: &[PublishRequest],
     ttl: Duration,
     render: RenderPublished,
 ) -> Vec<Result<Published>> {
-    if let [request] = requests {
-        return vec![publish_alone(db, request, ttl, render).await];
-    }
-    let outcomes = match publish_batch(db, requests, ttl, render).await {
-        Ok(Some(outcomes)) => outcomes,
-        Ok(None) => vec![None; requests.len()],
-        Err(err) if matches!(err, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => {
-            // Unreachable: one by one would only fail again, each after
-            // the acquire timeout, while later publishes wait behind them.
-            let err = Error::from(err);
-            return requests.iter().map(|_| Err(err.clone())).collect();
-        }
-        Err(err) => {
-            super::writer::log_failure(
-                &err,
-                &format!(
-                    "publish batch of {} failed; publishing its requests one by one",
-                    requests.len()
-                ),
-            );
-            vec![None; requests.len()]
-        }
-    };
+    let outcomes = batch_or_each("publish batch", requests, async |batch| {
+        publish_batch(db, batch, ttl, render).await
+    })
+    .await;
     let mut out = Vec::with_capacity(requests.len());
     for (request, outcome) in requests.iter().zip(outcomes) {
-        let outcome = match outcome {
-            Some(outcome) => outcome,
-            None => publish_alone(db, request, ttl, render).await,
-        };
-        out.push(outcome);
+        out.push(match outcome {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => publish_batch(db, std::slice::from_ref(request), ttl, render)
+                .await
+                .map_err(Error::from)
+                .and_then(|mut o| {
+                    o.pop().flatten().unwrap_or_else(|| {
+                        Err(StoreError::invariant("a repeat answered nothing").into())
+                    })
+                }),
+            Err(err) => Err(Error::from(err)),
+        });
     }
     out
-}
-
-/// Attempts of a request alone: a key recorded concurrently is decided
-/// against that record on the next attempt, so a second race needs the
-/// record to expire in between.
-const ATTEMPTS_ALONE: usize = 3;
-
-async fn publish_alone(
-    db: &Database,
-    request: &PublishRequest,
-    ttl: Duration,
-    render: RenderPublished,
-) -> Result<Published> {
-    for _ in 0..ATTEMPTS_ALONE {
-        if let Some(mut outcomes) =
-            publish_batch(db, std::slice::from_ref(request), ttl, render).await?
-        {
-            return outcomes.pop().flatten().unwrap_or_else(|| {
-                Err(Error::internal("a publish batch of one answered nothing"))
-            });
-        }
-    }
-    Err(Error::internal(
-        "the Idempotency-Key was recorded concurrently on every attempt",
-    ))
 }

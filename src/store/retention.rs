@@ -3,16 +3,17 @@
 //! (spec: delivery-model.md §6 "Lease recovery also runs from a background
 //! sweeper", §8).
 
+use crate::store::StoreError;
 use entity::{delivery, event_session, idempotency_record, queue};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect,
-    QueryTrait, Statement, sea_query::Expr,
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, QueryTrait,
+    Statement, sea_query::Expr,
 };
 
 use crate::{
-    delivery::listener::LISTENER_APPLICATION_NAME,
     domain::{DeliveryState, NodeId, QueueId, Timestamp},
     journal::{self, PurgeBatch},
+    store::wakes::LISTENER_APPLICATION_NAME,
     store::{
         Database,
         claim::{self, Recovered},
@@ -24,13 +25,17 @@ pub const BATCH: u64 = 500;
 
 /// One transaction recovering at most `limit` lapsed leases per target
 /// state, across all subscriptions (see [`claim::recover_expired_leases`]).
-pub async fn recover_leases(db: &Database, now: Timestamp, limit: u64) -> Result<Recovered, DbErr> {
+pub async fn recover_leases(
+    db: &Database,
+    now: Timestamp,
+    limit: u64,
+) -> Result<Recovered, StoreError> {
     db.write_alone(async |txn| claim::recover_expired_leases(txn, None, now, limit).await)
         .await
 }
 
 /// Every queue id (retention walks them one by one).
-pub async fn queue_ids(db: &Database) -> Result<Vec<QueueId>, DbErr> {
+pub async fn queue_ids(db: &Database) -> Result<Vec<QueueId>, StoreError> {
     let ids: Vec<String> = queue::Entity::find()
         .select_only()
         .column(queue::Column::Id)
@@ -47,7 +52,7 @@ pub async fn purge_events(
     queue_id: &QueueId,
     after: i64,
     cutoff: Timestamp,
-) -> Result<PurgeBatch, DbErr> {
+) -> Result<PurgeBatch, StoreError> {
     db.write_alone(async |txn| journal::purge(txn, queue_id, after, cutoff, BATCH).await)
         .await
 }
@@ -60,7 +65,7 @@ pub async fn purge_events(
 /// repeated `state = 'ACKED'` on the outer statement made SQLite's planner
 /// walk every ACKED row through `(state, acknowledged_at)` instead of
 /// looking the batch up by primary key (decision 0065).
-pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<u64, DbErr> {
+pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<u64, StoreError> {
     let due = delivery::Entity::find()
         .select_only()
         .column(delivery::Column::Id)
@@ -69,7 +74,7 @@ pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<
         .limit(BATCH);
     db.write_alone(async |txn| {
         let deleted = delivery::Entity::delete_many()
-            .filter(delivery::Column::Id.in_subquery(due.into_query()))
+            .filter(delivery::Column::Id.in_subquery(due.clone().into_query()))
             .exec(txn)
             .await?;
         Ok(deleted.rows_affected)
@@ -79,7 +84,7 @@ pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<
 
 /// One transaction deleting at most [`BATCH`] idempotency records that
 /// expired at or before `now` (an unfinished record never expires).
-pub async fn purge_idempotency_records(db: &Database, now: Timestamp) -> Result<u64, DbErr> {
+pub async fn purge_idempotency_records(db: &Database, now: Timestamp) -> Result<u64, StoreError> {
     let due = idempotency_record::Entity::find()
         .select_only()
         .column(idempotency_record::Column::Id)
@@ -87,7 +92,7 @@ pub async fn purge_idempotency_records(db: &Database, now: Timestamp) -> Result<
         .limit(BATCH);
     db.write_alone(async |txn| {
         let deleted = idempotency_record::Entity::delete_many()
-            .filter(idempotency_record::Column::Id.in_subquery(due.into_query()))
+            .filter(idempotency_record::Column::Id.in_subquery(due.clone().into_query()))
             .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
             .exec(txn)
             .await?;
@@ -98,7 +103,7 @@ pub async fn purge_idempotency_records(db: &Database, now: Timestamp) -> Result<
 
 /// One transaction deleting at most [`BATCH`] sessions closed before
 /// `cutoff`. Returns how many.
-pub async fn purge_closed_sessions(db: &Database, cutoff: Timestamp) -> Result<u64, DbErr> {
+pub async fn purge_closed_sessions(db: &Database, cutoff: Timestamp) -> Result<u64, StoreError> {
     let due = event_session::Entity::find()
         .select_only()
         .column(event_session::Column::Id)
@@ -106,7 +111,7 @@ pub async fn purge_closed_sessions(db: &Database, cutoff: Timestamp) -> Result<u
         .limit(BATCH);
     db.write_alone(async |txn| {
         let deleted = event_session::Entity::delete_many()
-            .filter(event_session::Column::Id.in_subquery(due.into_query()))
+            .filter(event_session::Column::Id.in_subquery(due.clone().into_query()))
             .filter(event_session::Column::ClosedAt.lt(cutoff.micros()))
             .exec(txn)
             .await?;
@@ -122,7 +127,7 @@ pub async fn close_foreign_sessions(
     db: &Database,
     node_id: &NodeId,
     now: Timestamp,
-) -> Result<u64, DbErr> {
+) -> Result<u64, StoreError> {
     db.write_alone(async |txn| {
         let closed = event_session::Entity::update_many()
             .col_expr(event_session::Column::ClosedAt, Expr::value(now.micros()))
@@ -148,7 +153,7 @@ pub async fn close_dead_node_sessions(
     db: &Database,
     node_id: &NodeId,
     now: Timestamp,
-) -> Result<u64, DbErr> {
+) -> Result<u64, StoreError> {
     if db.backend() != DbBackend::Postgres {
         return Ok(0);
     }
@@ -165,7 +170,7 @@ pub async fn close_dead_node_sessions(
                     now.micros().into(),
                     node_id.as_str().into(),
                     now.micros().saturating_sub(DEAD_NODE_GRACE_MICROS).into(),
-                    prefix.into(),
+                    prefix.clone().into(),
                 ],
             ))
             .await?;

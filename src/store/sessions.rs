@@ -1,13 +1,12 @@
 //! Event sessions: one row per WebSocket connection after a successful hello
 //! (spec: protocol.md §3).
 
+use crate::store::StoreError;
 use entity::{event_session, subscription};
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set, sea_query::Expr,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, sea_query::Expr};
 
 use crate::{
-    auth::Principal,
+    domain::Principal,
     domain::{NodeId, QueueId, SessionId, SubscriptionId, now},
     journal,
     store::{Database, subscriptions::owned, tenancy},
@@ -38,7 +37,7 @@ pub async fn open_session(
     subscription_id: &SubscriptionId,
     capacity: u32,
     node_id: &NodeId,
-) -> Result<OpenSession, DbErr> {
+) -> Result<OpenSession, StoreError> {
     db.write_alone(async |txn| {
         if tenancy::principal_by_id(txn, &principal.credential_id)
             .await?
@@ -83,7 +82,7 @@ pub async fn open_session(
 }
 
 /// Marks a session closed (idempotent).
-pub async fn close_session(db: &Database, session_id: &SessionId) -> Result<(), DbErr> {
+pub async fn close_session(db: &Database, session_id: &SessionId) -> Result<(), StoreError> {
     db.write_alone(async |txn| {
         event_session::Entity::update_many()
             .col_expr(event_session::Column::ClosedAt, Expr::value(now().micros()))
@@ -101,7 +100,7 @@ pub async fn close_session(db: &Database, session_id: &SessionId) -> Result<(), 
 pub async fn close_node_sessions<C: ConnectionTrait>(
     conn: &C,
     node_id: &NodeId,
-) -> Result<u64, DbErr> {
+) -> Result<u64, StoreError> {
     Ok(event_session::Entity::update_many()
         .col_expr(event_session::Column::ClosedAt, Expr::value(now().micros()))
         .filter(event_session::Column::NodeId.eq(node_id.as_str()))

@@ -8,11 +8,12 @@ use sea_orm::{
 };
 use serde::Serialize;
 
+use crate::store::StoreError;
 use crate::{
-    auth::Principal,
+    domain::Principal,
+    domain::schema::{Id, ResultTypeName, Time, Uint64String},
     domain::{QueueId, SubscriptionId, SubscriptionName, Timestamp, TypeSet, now},
     error::{Error, Result},
-    http::openapi::{Id, ResultTypeName, Time, Uint64String},
     store::{
         audit::{self, AuditActor, AuditEntry},
         is_unique_violation,
@@ -207,13 +208,25 @@ pub async fn get_owned<C: ConnectionTrait>(
     principal: &Principal,
     id: &str,
 ) -> Result<subscription::Model> {
-    let not_found = || Error::not_found("subscription not found");
-    let id = SubscriptionId::parse(id).ok_or_else(not_found)?;
+    find_owned(conn, principal, id)
+        .await?
+        .ok_or_else(|| Error::not_found("subscription not found"))
+}
+
+/// The subscription `id` if it belongs to this credential and its queue is
+/// in scope; `None` otherwise (also for an id that is not one).
+pub async fn find_owned<C: ConnectionTrait>(
+    conn: &C,
+    principal: &Principal,
+    id: &str,
+) -> Result<Option<subscription::Model>, StoreError> {
+    let Some(id) = SubscriptionId::parse(id) else {
+        return Ok(None);
+    };
     let model = subscription::Entity::find_by_id(id.as_str())
         .one(conn)
-        .await?
-        .ok_or_else(not_found)?;
-    owned(principal, model).ok_or_else(not_found)
+        .await?;
+    Ok(model.and_then(|m| owned(principal, m)))
 }
 
 /// `Some(model)` when `principal` owns it and its queue is in scope.

@@ -1,18 +1,17 @@
 //! Namespaces, applications, queues and credentials: `bootstrap`,
 //! authentication lookups and revocation (spec: architecture.md §5).
 
+use crate::store::StoreError;
 use entity::{application, credential, namespace, queue};
-use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set,
-};
+use sea_orm::{ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set};
 use serde::Serialize;
 
 use crate::{
-    auth::{Principal, generate_token, token_digest},
     domain::{
         ApplicationId, CredentialId, NamespaceId, Permission, PermissionSet, QueueId, Timestamp,
         now,
     },
+    domain::{Principal, generate_token, token_digest},
     store::Database,
 };
 
@@ -35,7 +34,7 @@ pub async fn bootstrap(
     application_name: &str,
     queue_name: &str,
     permissions: &[Permission],
-) -> Result<BootstrapOutput, DbErr> {
+) -> Result<BootstrapOutput, StoreError> {
     db.write_alone(async |txn| {
         let t = now().micros();
 
@@ -156,7 +155,7 @@ pub fn principal_of(cred: credential::Model) -> Option<Principal> {
 pub async fn principal_by_token_digest<C: ConnectionTrait>(
     conn: &C,
     digest: &str,
-) -> Result<Option<Principal>, DbErr> {
+) -> Result<Option<Principal>, StoreError> {
     Ok(credential::Entity::find()
         .filter(credential::Column::TokenDigest.eq(digest))
         .one(conn)
@@ -169,7 +168,7 @@ pub async fn principal_by_token_digest<C: ConnectionTrait>(
 pub async fn principal_by_id<C: ConnectionTrait>(
     conn: &C,
     id: &CredentialId,
-) -> Result<Option<Principal>, DbErr> {
+) -> Result<Option<Principal>, StoreError> {
     Ok(credential::Entity::find_by_id(id.as_str())
         .one(conn)
         .await?
@@ -181,7 +180,7 @@ pub async fn principal_by_id<C: ConnectionTrait>(
 pub async fn revoke_credential(
     db: &Database,
     id: &CredentialId,
-) -> Result<Option<Timestamp>, DbErr> {
+) -> Result<Option<Timestamp>, StoreError> {
     db.write_alone(async |txn| {
         let Some(cred) = credential::Entity::find_by_id(id.as_str()).one(txn).await? else {
             return Ok(None);

@@ -7,7 +7,7 @@ use actix::Actor;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, dev, http::header, web};
 
 use crate::{
-    auth,
+    auth::{self, Require},
     delivery::pool::AdmitConnection,
     domain::Permission,
     error::{Error, ErrorCode, Result},

@@ -2,10 +2,9 @@
 //! answers each ACK exactly as if it had come alone (delivery-model.md §6).
 
 use orbit_events::{
-    delivery::acks,
     domain::{CredentialId, DeliveryId, LeaseSecret, NamespaceId, SubscriptionId},
     store::{
-        ack::{AckOutcome, AckRequest, LeaseProof, acknowledge_batch},
+        ack::{AckOutcome, AckRequest, LeaseProof, acknowledge_batch, acknowledge_each},
         audit::AuditActor,
     },
 };
@@ -188,7 +187,7 @@ async fn an_ack_the_database_rejects_does_not_fail_the_other_acks_of_its_batch()
         }
     }
 
-    let out = acks::acknowledge_each(&app.db, &batch).await;
+    let out = acknowledge_each(&app.db, &batch).await;
     assert!(!acked(out[0].as_ref().unwrap()).0, "not deduplicated");
     assert!(out[1].is_err(), "{:?}", out[1]);
     assert!(!acked(out[2].as_ref().unwrap()).0, "not deduplicated");

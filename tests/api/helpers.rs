@@ -9,7 +9,7 @@ use futures_util::{SinkExt, StreamExt};
 use orbit_events::{
     config::Settings,
     domain::{Permission, random_hex_id},
-    startup::NodeThread,
+    node::NodeThread,
     state::AppState,
     store::{Database, tenancy},
 };

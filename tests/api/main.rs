@@ -2,6 +2,7 @@
 //! against a real database, over real HTTP and WebSocket frames.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod architecture;
 mod commit_order;
 mod disk_full;
 mod group_commit;

@@ -21,8 +21,9 @@ use std::{
 };
 
 use orbit_events::{
-    delivery::listener::{CHANNEL, SUBSCRIPTION_WAKE_INTERVAL},
+    delivery::listener::SUBSCRIPTION_WAKE_INTERVAL,
     domain::{Timestamp, random_hex_id},
+    store::wakes::CHANNEL,
 };
 use sea_orm::sqlx::postgres::PgListener;
 use serde_json::{Value, json};

@@ -11,9 +11,8 @@ use std::time::Duration;
 use orbit_events::{
     domain::{QueueId, ResultType, now},
     journal::{self, NewResult},
-    store::Database,
+    store::{Database, StoreError},
 };
-use sea_orm::DbErr;
 use serde_json::{Value, json};
 use tokio::{sync::oneshot, task::JoinHandle};
 
@@ -62,7 +61,7 @@ enum Member {
 
 /// A test member's task, its "body began" signals and its release.
 type HeldMember = (
-    JoinHandle<Result<Vec<i64>, DbErr>>,
+    JoinHandle<Result<Vec<i64>, StoreError>>,
     tokio::sync::mpsc::UnboundedReceiver<()>,
     oneshot::Sender<()>,
 );
@@ -78,7 +77,7 @@ fn member(db: &Database, queue_id: &str, kind: Member) -> HeldMember {
     let queue_id = QueueId::parse(queue_id).unwrap();
     let mut released = Some(released);
     let task = tokio::spawn(async move {
-        db.write::<_, DbErr, _>(async move |txn| {
+        db.write::<_, StoreError, _>(async move |txn| {
             let _ = began.send(());
             let mut sequences = Vec::new();
             if let Member::AppendsThenWaits = kind {
@@ -104,7 +103,7 @@ fn member(db: &Database, queue_id: &str, kind: Member) -> HeldMember {
                     .collect();
             }
             match kind {
-                Member::Fails => return Err(DbErr::Custom("rejected by the test".to_owned())),
+                Member::Fails => return Err(StoreError::invariant("rejected by the test")),
                 // Only the first run waits (a spoiled member runs again alone).
                 _ => {
                     if let Some(released) = released.take() {

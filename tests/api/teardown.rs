@@ -3,11 +3,11 @@
 //! is open any more, whether it was stopped through its [`Shutdown`] or,
 //! in tests, by dropping the `TestApp` that runs it.
 //!
-//! [`Shutdown`]: orbit_events::startup::Shutdown
+//! [`Shutdown`]: orbit_events::node::Shutdown
 
 use std::path::PathBuf;
 
-use orbit_events::{config::Settings, delivery::listener::LISTENER_APPLICATION_NAME, startup};
+use orbit_events::{config::Settings, startup, store::wakes::LISTENER_APPLICATION_NAME};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
 use crate::{helpers::*, protocol_support::wait_until};

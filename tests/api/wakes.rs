@@ -7,9 +7,9 @@
 use std::time::{Duration, Instant};
 
 use orbit_events::{
-    delivery::listener::{self, CHANNEL, Wake},
     domain::{QueueId, ResultType, SubscriptionId, Timestamp, now, random_hex_id},
     journal::{self, NewResult},
+    store::wakes::{self, CHANNEL, Wake},
 };
 use sea_orm::sqlx::postgres::PgListener;
 use serde_json::json;
@@ -188,7 +188,7 @@ async fn a_subscription_wake_from_another_node_makes_a_node_reclaim_a_lapsed_lea
     // Another node announces a change of this subscription (as it does
     // after an ACK, a resume or a retry there).
     let subscription = SubscriptionId::parse(sub_id).unwrap();
-    listener::notify(app.db.reader(), &[Wake::Subscription(subscription)], None)
+    wakes::notify(app.db.reader(), &[Wake::Subscription(subscription)], None)
         .await
         .unwrap();
     let second = ws.delivery().await;

@@ -1,60 +1,31 @@
-//! Write rounds on SQLite: the hot write transactions of a node share one
-//! commit (decision 0068).
-//!
-//! SQLite has one writer, so the ACK batches, claims, materializations and
-//! publish batches that wanted to write at the same moment used to run one
-//! after the other, each with its own `BEGIN IMMEDIATE … COMMIT` and so
-//! its own fsync, and each waited for the others' commits before it could
-//! begin. A round runs
-//! them back to back in one transaction instead: whoever comes while a
-//! round is open takes a seat in it, runs its statements in turn, and the
-//! round commits once every seated member is done.
-//!
-//! - Nothing is answered before its commit: [`Rounds::run`] returns a
-//!   member's answer only after the writer confirmed the round's `COMMIT`
-//!   (decision 0076).
-//! - `Err` from `run` means nothing of that member was written. A member
-//!   that fails (or is dropped half way, its task cancelled) spoils the
-//!   round: members after it do not run and the round rolls back. The
-//!   failed member gets its own error. If that error is a rule of the data,
-//!   every other member runs its body again, alone in a transaction of its
-//!   own, and answers that outcome, so one member's failure never becomes
-//!   another's (a spoiled round costs time, never an outcome: a batch of
-//!   one ACK is not retried by its caller). If it is a fault of the
-//!   database (a full disk, an I/O error; decision 0076), every member gets
-//!   that fault: alone they would only meet it again. No savepoint is used
-//!   to spare the others: after such faults SQLite has already rolled the
-//!   whole transaction back, and a later member's statements would then
-//!   commit on their own while its caller hears of a failure; for the same
-//!   reason no member runs once the transaction is found rolled back.
-//! - A round that cannot begin or commit fails every member with that
-//!   error (the whole transaction was rolled back).
-//! - A round whose driver task is dropped (its runtime stopped) answers
-//!   its remaining members an error instead of leaving them waiting; only
-//!   if that happened during its `COMMIT` is the outcome unknown (as when
-//!   the process dies there).
-//! - A round seats at most [`MAX_SEATS`] members, so a steady stream of
-//!   newcomers never keeps it from committing.
-//! - Alone, a member goes through at once: a round begins as soon as the
-//!   previous round has committed and closes as soon as its members are
-//!   done, so grouping costs no waiting.
+//! Write rounds on SQLite (decision 0078): SQLite has one writer, so the
+//! writes that come while a round is open take a seat in it, run their
+//! statements in turn on its transaction, and share its one commit (one
+//! fsync). Nothing is answered before the writer confirmed that commit;
+//! `Err` means nothing of that member was written. A member failing on a
+//! fault fails every member; one failing on its own rules spoils the round
+//! and the others run again alone (no savepoints: after a fault SQLite has
+//! rolled the whole transaction back, and later statements would commit on
+//! their own). A round seats at most [`MAX_SEATS`] members and begins as
+//! soon as the previous one committed, so grouping costs no waiting.
 
 use std::sync::{
     Arc, Mutex, PoisonError,
     atomic::{AtomicU64, Ordering},
 };
 
-use sea_orm::{DatabaseTransaction, DbErr, RuntimeErr};
+use sea_orm::DatabaseTransaction;
 use tokio::sync::{Notify, watch};
 
-use super::{Database, WriteError, WriteTxn, writer::fault_cause};
+use super::{StoreError, WriteError, WriteTxn};
+use crate::store::Database;
 
 /// Members of one round at most.
 pub const MAX_SEATS: usize = 32;
 
 /// The rounds of one SQLite database (one per [`Database`]).
 #[derive(Debug, Default)]
-pub(super) struct Rounds {
+pub(crate) struct Rounds {
     /// The round newcomers join while it admits them.
     current: Mutex<Option<Arc<Round>>>,
     /// Held by a round from its `BEGIN` to its `COMMIT`: one at a time.
@@ -84,7 +55,7 @@ struct Seats {
     spoiled: bool,
     /// The fault of the database a member failed on, or the transaction was
     /// found rolled back: every member answers it.
-    fault: Option<DbErr>,
+    fault: Option<StoreError>,
 }
 
 #[derive(Debug, Clone)]
@@ -95,7 +66,7 @@ enum Phase {
     Open,
     /// Committed (`Ok`), or failed to begin or commit, or rolled back
     /// (`Err`).
-    Done(Result<(), DbErr>),
+    Done(Result<(), StoreError>),
     /// Its driver was dropped before the round ended (the runtime it ran
     /// on stopped): nobody will commit it.
     Abandoned,
@@ -105,13 +76,15 @@ impl Rounds {
     /// Runs `body` as a member of the current round (or of a new one) on
     /// `db`'s writer; see the module documentation for the guarantees. A
     /// member whose round another member spoiled runs `body` again, alone
-    /// in a transaction of its own.
-    pub(super) async fn run<T, E, F>(&self, db: &Database, mut body: F) -> Result<T, E>
+    /// in a transaction of its own; one whose own body asks to run again
+    /// ([`super::runs_again`]) takes a seat in a later round.
+    pub(crate) async fn run<T, E, F>(&self, db: &Database, mut body: F) -> Result<T, E>
     where
         E: WriteError,
         F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
     {
-        {
+        let mut attempt = 1;
+        loop {
             let mut seat = self.take_seat(db);
             let round = seat.round.clone();
             let mut phase = round.phase.subscribe();
@@ -139,10 +112,7 @@ impl Rounds {
                 }
             };
             let fault = match &answer {
-                Some(Err(err)) => err
-                    .database_error()
-                    .filter(|e| fault_cause(e).is_some())
-                    .cloned(),
+                Some(Err(err)) => err.store_error().filter(|e| e.fault().is_some()).cloned(),
                 _ => None,
             };
             seat.leave(matches!(answer, Some(Err(_))), fault);
@@ -154,6 +124,10 @@ impl Rounds {
                 .await
                 .map(|p| p.clone());
             match (answer, done) {
+                (Some(Err(err)), _) if attempt < super::ATTEMPTS && super::runs_again(&err) => {
+                    attempt += 1;
+                    continue;
+                }
                 (Some(Err(err)), _) => return Err(err),
                 (Some(Ok(answer)), Ok(Phase::Done(Ok(())))) => return Ok(answer),
                 // A fault of the database: rolled back for every member.
@@ -162,7 +136,7 @@ impl Rounds {
                 }
                 // Spoiled by another member: rolled back, nothing of this
                 // one was written; it runs again alone below.
-                (_, Ok(Phase::Done(Err(_)))) if round.spoiled() => {}
+                (_, Ok(Phase::Done(Err(_)))) if round.spoiled() => break,
                 // The commit failed: rolled back for every member.
                 (_, Ok(Phase::Done(Err(err)))) => return Err(err.into()),
                 _ => return Err(round.abandon().await.into()),
@@ -173,12 +147,12 @@ impl Rounds {
     }
 
     /// Rounds started so far (each one `BEGIN`, at most one `COMMIT`).
-    pub(super) fn started(&self) -> u64 {
+    pub(crate) fn started(&self) -> u64 {
         self.started.load(Ordering::Relaxed)
     }
 
     /// Members seated in the round that admits newcomers (0 when none does).
-    pub(super) fn seated(&self) -> usize {
+    pub(crate) fn seated(&self) -> usize {
         let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         current.as_ref().map_or(0, |round| {
             let seats = round.seats.lock().unwrap_or_else(PoisonError::into_inner);
@@ -234,7 +208,7 @@ struct Seat {
 impl Seat {
     /// Leaves the seat once; `failed` spoils the round, a `fault` of the
     /// database fails it for every member.
-    fn leave(&mut self, failed: bool, fault: Option<DbErr>) {
+    fn leave(&mut self, failed: bool, fault: Option<StoreError>) {
         if std::mem::take(&mut self.seated) {
             let mut seats = self
                 .round
@@ -271,7 +245,7 @@ impl Round {
     /// What a member of an abandoned round answers. Its transaction is
     /// dropped (rolled back) here, on a live runtime, so that the writer
     /// connection goes back to its pool for the rounds after it.
-    async fn abandon(&self) -> DbErr {
+    async fn abandon(&self) -> StoreError {
         drop(self.txn.lock().await.take());
         abandoned()
     }
@@ -284,7 +258,7 @@ impl Round {
     }
 
     /// Fails the round for every member with `fault`.
-    fn fault(&self, fault: DbErr) {
+    fn fault(&self, fault: StoreError) {
         let mut seats = self.seats.lock().unwrap_or_else(PoisonError::into_inner);
         seats.spoiled = true;
         if seats.fault.is_none() {
@@ -292,7 +266,7 @@ impl Round {
         }
     }
 
-    fn fault_seen(&self) -> Option<DbErr> {
+    fn fault_seen(&self) -> Option<StoreError> {
         self.seats
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -339,7 +313,7 @@ async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<(
         None => Err(abandoned()),
     };
     if let Err(err) = &outcome
-        && fault_cause(err).is_some()
+        && err.fault().is_some()
     {
         // A failed BEGIN or COMMIT (or one that committed nothing): every
         // member answers it.
@@ -366,29 +340,25 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
-fn spoiled() -> DbErr {
-    DbErr::Custom(
-        "another write of the same transaction failed; nothing of this one was written".to_owned(),
-    )
+fn spoiled() -> StoreError {
+    StoreError::Spoiled
 }
 
-fn rolled_back() -> DbErr {
-    DbErr::Conn(RuntimeErr::Internal(
-        "the database rolled the write round back by itself; nothing of it was written".to_owned(),
-    ))
+fn rolled_back() -> StoreError {
+    StoreError::RolledBack("found before a member's statements")
 }
 
-fn abandoned() -> DbErr {
-    DbErr::Custom("the write round was abandoned before its commit".to_owned())
+fn abandoned() -> StoreError {
+    StoreError::Abandoned
 }
 
 #[cfg(test)]
 mod tests {
-    use sea_orm::{ConnectionTrait, DbErr, Statement};
+    use sea_orm::{ConnectionTrait, Statement};
     use tokio::sync::oneshot;
 
     use crate::config::DatabaseSettings;
-    use crate::store::{Database, execute_unprepared};
+    use crate::store::{Database, StoreError, execute_unprepared};
 
     async fn database(dir: &tempfile::TempDir) -> Database {
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("w.db").display());
@@ -406,7 +376,7 @@ mod tests {
         db
     }
 
-    async fn insert<C: ConnectionTrait>(conn: &C, name: &str) -> Result<(), DbErr> {
+    async fn insert<C: ConnectionTrait>(conn: &C, name: &str) -> Result<(), StoreError> {
         execute_unprepared(conn, &format!("INSERT INTO t (name) VALUES ('{name}')")).await
     }
 
@@ -424,8 +394,8 @@ mod tests {
     }
 
     /// One write of one row named `name`.
-    async fn write_name(db: &Database, name: &str) -> Result<(), DbErr> {
-        db.write::<_, DbErr, _>(async |txn| insert(txn, name).await)
+    async fn write_name(db: &Database, name: &str) -> Result<(), StoreError> {
+        db.write::<_, StoreError, _>(async |txn| insert(txn, name).await)
             .await
     }
 
@@ -434,7 +404,7 @@ mod tests {
     fn held_write(
         db: &Database,
     ) -> (
-        tokio::task::JoinHandle<Result<(), DbErr>>,
+        tokio::task::JoinHandle<Result<(), StoreError>>,
         oneshot::Sender<()>,
         oneshot::Receiver<()>,
     ) {
@@ -443,7 +413,7 @@ mod tests {
         let db = db.clone();
         let (mut inserted, mut released) = (Some(inserted), Some(released));
         let first = tokio::spawn(async move {
-            db.write::<_, DbErr, _>(async move |txn| {
+            db.write::<_, StoreError, _>(async move |txn| {
                 insert(txn, "a").await?;
                 if let Some(inserted) = inserted.take() {
                     let _ = inserted.send(());
@@ -474,7 +444,7 @@ mod tests {
         let second = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write::<_, DbErr, _>(async |txn| {
+                db.write::<_, StoreError, _>(async |txn| {
                     // The first write's row, not yet committed: the same
                     // transaction.
                     let seen = names(txn).await;
@@ -514,9 +484,9 @@ mod tests {
         let failing = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write::<_, DbErr, _>(async |txn| {
+                db.write::<_, StoreError, _>(async |txn| {
                     insert(txn, "b").await?;
-                    Err::<(), _>(DbErr::Custom("rejected".to_owned()))
+                    Err::<(), _>(StoreError::invariant("rejected"))
                 })
                 .await
             })
@@ -543,7 +513,7 @@ mod tests {
         let second = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write::<_, DbErr, _>(async |txn| insert(txn, "b").await)
+                db.write::<_, StoreError, _>(async |txn| insert(txn, "b").await)
                     .await
             })
         };
@@ -575,7 +545,7 @@ mod tests {
                 runtime.block_on(async move {
                     let mut inserted = Some(inserted);
                     tokio::spawn(async move {
-                        db.write::<_, DbErr, _>(async move |txn| {
+                        db.write::<_, StoreError, _>(async move |txn| {
                             insert(txn, "a").await?;
                             if let Some(inserted) = inserted.take() {
                                 let _ = inserted.send(());
@@ -595,7 +565,7 @@ mod tests {
         let second = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write::<_, DbErr, _>(async |txn| insert(txn, "b").await)
+                db.write::<_, StoreError, _>(async |txn| insert(txn, "b").await)
                     .await
             })
         };
@@ -633,11 +603,11 @@ mod tests {
                 name.clone(),
                 fails,
                 tokio::spawn(async move {
-                    db.write::<_, DbErr, _>(async move |txn| {
+                    db.write::<_, StoreError, _>(async move |txn| {
                         insert(txn, &name).await?;
                         tokio::task::yield_now().await;
                         if fails {
-                            return Err(DbErr::Custom("rejected".to_owned()));
+                            return Err(StoreError::invariant("rejected"));
                         }
                         Ok(())
                     })

@@ -1,0 +1,40 @@
+//! The authenticated caller and its tokens: what a credential may do and
+//! where (spec: http-api.md §1). Tokens are stored only as a SHA-256
+//! digest; a token never appears in a log line, an error message or a URL.
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use rand::RngExt;
+
+use super::{ApplicationId, CredentialId, NamespaceId, PermissionSet, QueueId, sha256_hex};
+
+/// Prefix of every token, so a leaked token is recognizable by scanners.
+pub const TOKEN_PREFIX: &str = "oe_";
+
+/// The authenticated caller: everything a request may not carry itself
+/// (namespace, application, credential) comes from here.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub credential_id: CredentialId,
+    pub namespace_id: NamespaceId,
+    pub application_id: ApplicationId,
+    pub permissions: PermissionSet,
+    pub queue_scope: Vec<QueueId>,
+}
+
+impl Principal {
+    /// Whether `queue` is in the credential's queue scope.
+    pub fn in_scope(&self, queue: &QueueId) -> bool {
+        self.queue_scope.contains(queue)
+    }
+}
+
+/// A fresh token: `oe_` + 43 characters of base64url (256 random bits).
+pub fn generate_token() -> String {
+    let bytes: [u8; 32] = rand::rng().random();
+    format!("{TOKEN_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// The stored form of a token.
+pub fn token_digest(token: &str) -> String {
+    sha256_hex(token.as_bytes())
+}

@@ -1,0 +1,137 @@
+//! A write transaction begun by the writer, and how it ends.
+
+use std::{
+    ops::Deref,
+    sync::{Arc, atomic::Ordering},
+};
+
+use sea_orm::{DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
+
+use super::{Writer, health::WriterHealth};
+use crate::store::StoreError;
+
+pub(super) async fn execute_checkpoint(conn: &DatabaseConnection) -> Result<(), DbErr> {
+    use sea_orm::ConnectionTrait;
+    conn.execute_unprepared("PRAGMA wal_checkpoint(TRUNCATE)")
+        .await
+        .map(drop)
+}
+
+/// A write transaction begun by the [`Writer`]; derefs to the sea-orm
+/// transaction its statements run on. Finish it with [`WriteTxn::commit`]
+/// or [`WriteTxn::rollback`]; dropped unfinished it is rolled back.
+#[derive(Debug)]
+pub struct WriteTxn {
+    pub(super) txn: DatabaseTransaction,
+    pub(super) writer: Writer,
+    /// The commit and update hooks' counts when it began.
+    pub(super) commits: u64,
+    pub(super) changes: u64,
+    pub(super) unfinished: Unfinished,
+}
+
+/// Watches a [`WriteTxn`] dropped unfinished (a cancelled future).
+#[derive(Debug)]
+pub(super) struct Unfinished {
+    pub(super) health: Arc<WriterHealth>,
+    /// The rollback hook's count when the transaction began.
+    pub(super) rollbacks: u64,
+    pub(super) armed: bool,
+}
+
+impl Unfinished {
+    fn intact(&self) -> bool {
+        self.health.rollbacks() == self.rollbacks
+    }
+}
+
+impl Drop for Unfinished {
+    /// sea-orm queues the `ROLLBACK` of a dropped transaction; if SQLite
+    /// already rolled it back, that fails, so the connection is replaced.
+    fn drop(&mut self) {
+        if self.armed && !self.intact() {
+            self.health.replace.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Deref for WriteTxn {
+    type Target = DatabaseTransaction;
+
+    fn deref(&self) -> &DatabaseTransaction {
+        &self.txn
+    }
+}
+
+impl WriteTxn {
+    /// False once SQLite rolled the transaction back by itself (always true
+    /// on PostgreSQL, which says so at the next statement or `COMMIT`).
+    pub fn intact(&self) -> bool {
+        self.unfinished.intact()
+    }
+
+    /// Commits; `Ok` only when the database confirmed this transaction's
+    /// commit (SQLite: the commit hook ran once and no rollback since
+    /// `BEGIN`). `Err` is a fault: a transaction found rolled back is not
+    /// written; a failed `COMMIT` may have committed (unknown outcome).
+    pub async fn commit(self) -> Result<(), StoreError> {
+        let WriteTxn {
+            txn,
+            writer,
+            commits,
+            changes,
+            mut unfinished,
+        } = self;
+        unfinished.armed = false;
+        if !unfinished.intact() {
+            writer.health.replace.store(true, Ordering::Release);
+            drop(txn);
+            return Err(writer.rolled_back("found before its COMMIT"));
+        }
+        if let Err(err) = txn.commit().await {
+            return Err(writer.fault(err));
+        }
+        if writer.backend == DbBackend::Sqlite
+            && (writer.health.commits() != commits + 1 || !unfinished.intact())
+        {
+            return Err(writer.rolled_back("its COMMIT committed nothing"));
+        }
+        if writer.backend != DbBackend::Sqlite || writer.health.changes() != changes {
+            writer.health.committed();
+        }
+        writer.keep_headroom().await;
+        Ok(())
+    }
+
+    /// Rolls back; a failed `ROLLBACK` is a fault.
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        self.abort(None).await;
+        Ok(())
+    }
+
+    /// Rolls back after its body failed with `cause` (a fault, if it is
+    /// one, replaces the connection); a failed `ROLLBACK` is a fault too.
+    pub(crate) async fn abort(self, cause: Option<&StoreError>) {
+        let WriteTxn {
+            txn,
+            writer,
+            mut unfinished,
+            ..
+        } = self;
+        unfinished.armed = false;
+        if let Some(cause) = cause {
+            writer.record(cause);
+        }
+        if !unfinished.intact() {
+            // Nothing to roll back: SQLite did. The driver still counts the
+            // transaction open, so this connection goes.
+            writer.health.replace.store(true, Ordering::Release);
+            drop(txn);
+            return;
+        }
+        if let Err(err) = txn.rollback().await {
+            writer.health.replace.store(true, Ordering::Release);
+            writer.fault(err);
+        }
+    }
+}
