@@ -38,6 +38,22 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code (the client crate parses each of them: a test checks it).
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::InvalidArgument,
+        ErrorCode::Unauthenticated,
+        ErrorCode::PermissionDenied,
+        ErrorCode::NotFound,
+        ErrorCode::StateConflict,
+        ErrorCode::IdempotencyConflict,
+        ErrorCode::SubscriptionLimit,
+        ErrorCode::EventHistoryExpired,
+        ErrorCode::DeliveryLeaseLost,
+        ErrorCode::ProtocolRequired,
+        ErrorCode::CapacityExceeded,
+        ErrorCode::Unavailable,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::InvalidArgument => "INVALID_ARGUMENT",

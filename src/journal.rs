@@ -312,7 +312,7 @@ pub async fn purge<C: ConnectionTrait>(
         .distinct()
         .filter(delivery::Column::SubscriptionId.in_subquery(subscriptions))
         .filter(delivery::Column::EventId.is_in(ids.iter().copied()))
-        .filter(delivery::Column::State.ne(DeliveryState::Acked.as_str()))
+        .filter(delivery::Column::State.ne(DeliveryState::Acked))
         .into_tuple()
         .all(conn)
         .await?;

@@ -8,8 +8,6 @@
 //! again when serialized. `details` and `snapshot.result` stay raw JSON
 //! text, so numbers keep the producer's precision byte for byte.
 
-use std::{fmt, str::FromStr};
-
 use chrono::{DateTime, Timelike, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
@@ -52,132 +50,7 @@ pub(crate) mod u64_string {
     }
 }
 
-/// A result type: the four terminal outcomes of a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum ResultType {
-    #[serde(rename = "task.cancelled")]
-    Cancelled,
-    #[serde(rename = "task.failed")]
-    Failed,
-    #[serde(rename = "task.needs_review")]
-    NeedsReview,
-    #[serde(rename = "task.succeeded")]
-    Succeeded,
-}
-
-impl ResultType {
-    /// All four, in the API's canonical (alphabetical) order.
-    pub const ALL: [ResultType; 4] = [
-        ResultType::Cancelled,
-        ResultType::Failed,
-        ResultType::NeedsReview,
-        ResultType::Succeeded,
-    ];
-
-    /// `task.succeeded`, …
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResultType::Cancelled => "task.cancelled",
-            ResultType::Failed => "task.failed",
-            ResultType::NeedsReview => "task.needs_review",
-            ResultType::Succeeded => "task.succeeded",
-        }
-    }
-
-    /// The snapshot state a result of this type carries.
-    pub fn snapshot_state(self) -> SnapshotState {
-        match self {
-            ResultType::Cancelled => SnapshotState::Cancelled,
-            ResultType::Failed => SnapshotState::Failed,
-            ResultType::NeedsReview => SnapshotState::NeedsReview,
-            ResultType::Succeeded => SnapshotState::Succeeded,
-        }
-    }
-}
-
-impl fmt::Display for ResultType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ResultType {
-    type Err = String;
-
-    /// Accepts `task.succeeded` or the short `succeeded` (and so on).
-    fn from_str(s: &str) -> Result<ResultType, String> {
-        ResultType::ALL
-            .into_iter()
-            .find(|t| t.as_str() == s || t.as_str().strip_prefix("task.") == Some(s))
-            .ok_or_else(|| {
-                format!(
-                    "unknown result type {s:?}: expected one of succeeded, failed, cancelled, \
-                     needs_review (or with the task. prefix)"
-                )
-            })
-    }
-}
-
-/// The task state inside a result's snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum SnapshotState {
-    Succeeded,
-    Failed,
-    Cancelled,
-    NeedsReview,
-}
-
-/// The state of a delivery (spec: delivery-model.md §6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum DeliveryState {
-    /// Waiting to be leased (again) from `available_at` on.
-    Pending,
-    /// Leased to a session until `lease_until`.
-    Leased,
-    /// Acknowledged; final.
-    Acked,
-    /// Out of attempts: a dead letter until retried.
-    Expired,
-}
-
-impl DeliveryState {
-    /// `PENDING`, …
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeliveryState::Pending => "PENDING",
-            DeliveryState::Leased => "LEASED",
-            DeliveryState::Acked => "ACKED",
-            DeliveryState::Expired => "EXPIRED",
-        }
-    }
-}
-
-impl fmt::Display for DeliveryState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DeliveryState {
-    type Err = String;
-
-    /// Case-insensitive: `expired` or `EXPIRED`.
-    fn from_str(s: &str) -> Result<DeliveryState, String> {
-        [
-            DeliveryState::Pending,
-            DeliveryState::Leased,
-            DeliveryState::Acked,
-            DeliveryState::Expired,
-        ]
-        .into_iter()
-        .find(|st| st.as_str().eq_ignore_ascii_case(s))
-        .ok_or_else(|| {
-            format!("unknown delivery state {s:?}: expected PENDING, LEASED, ACKED or EXPIRED")
-        })
-    }
-}
+pub use orbit_events_wire::{DeliveryState, ResultType, SnapshotState};
 
 /// A subscription (spec: http-api.md §3, `Subscription` in openapi.json).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

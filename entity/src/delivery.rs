@@ -2,6 +2,8 @@
 
 use sea_orm::entity::prelude::*;
 
+pub use orbit_events_wire::DeliveryState;
+
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "deliveries")]
 pub struct Model {
@@ -11,8 +13,8 @@ pub struct Model {
     pub event_id: String,
     pub sequence: i64,
     pub revision: i64,
-    /// `PENDING | LEASED | ACKED | EXPIRED`.
-    pub state: String,
+    /// `PENDING | LEASED | ACKED | EXPIRED`, stored as that text.
+    pub state: DeliveryState,
     pub available_at: i64,
     pub lease_epoch: i64,
     pub lease_until: Option<i64>,

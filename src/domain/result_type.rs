@@ -1,58 +1,11 @@
 //! The four terminal result types and subscription type sets
 //! (spec: delivery-model.md §3, §4).
 
-use std::fmt;
+pub use orbit_events_wire::ResultType;
 
-/// A terminal task result type. `task.requeued` is not a result.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ResultType {
-    Cancelled,
-    Failed,
-    NeedsReview,
-    Succeeded,
-}
-
-impl ResultType {
-    /// All four, in the canonical (alphabetical) order.
-    pub const ALL: [ResultType; 4] = [
-        ResultType::Cancelled,
-        ResultType::Failed,
-        ResultType::NeedsReview,
-        ResultType::Succeeded,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResultType::Cancelled => "task.cancelled",
-            ResultType::Failed => "task.failed",
-            ResultType::NeedsReview => "task.needs_review",
-            ResultType::Succeeded => "task.succeeded",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ResultType> {
-        ResultType::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-
-    /// The task `state` a snapshot of this result type must carry.
-    pub fn snapshot_state(self) -> &'static str {
-        match self {
-            ResultType::Cancelled => "CANCELLED",
-            ResultType::Failed => "FAILED",
-            ResultType::NeedsReview => "NEEDS_REVIEW",
-            ResultType::Succeeded => "SUCCEEDED",
-        }
-    }
-
-    fn bit(self) -> u8 {
-        1 << (self as u8)
-    }
-}
-
-impl fmt::Display for ResultType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// The bit of a result type in a [`TypeSet`].
+fn bit(t: ResultType) -> u8 {
+    1 << (t as u8)
 }
 
 /// A non-empty set of result types; "all four" when a request omits `types`
@@ -71,16 +24,16 @@ impl TypeSet {
         }
         let mut bits = 0u8;
         for t in types {
-            if bits & t.bit() != 0 {
+            if bits & bit(*t) != 0 {
                 return Err(format!("types: {t} is listed twice"));
             }
-            bits |= t.bit();
+            bits |= bit(*t);
         }
         Ok(TypeSet(bits))
     }
 
     pub fn contains(self, t: ResultType) -> bool {
-        self.0 & t.bit() != 0
+        self.0 & bit(t) != 0
     }
 
     /// The members in canonical order.
@@ -105,7 +58,7 @@ impl TypeSet {
         let bits = s
             .split(',')
             .filter_map(ResultType::parse)
-            .fold(0u8, |acc, t| acc | t.bit());
+            .fold(0u8, |acc, t| acc | bit(t));
         TypeSet(bits)
     }
 }

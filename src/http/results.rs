@@ -178,12 +178,12 @@ fn validate(
         if snap.revision != r.aggregate_revision {
             return Err(at("snapshot.revision", "must equal aggregate_revision"));
         }
-        if snap.state != result_type.snapshot_state() {
+        if snap.state != result_type.snapshot_state().as_str() {
             return Err(at(
                 "snapshot.state",
                 &format!(
                     "must be {} for {}",
-                    result_type.snapshot_state(),
+                    result_type.snapshot_state().as_str(),
                     result_type
                 ),
             ));

@@ -296,10 +296,7 @@ async fn write_acks_in(
         at_epoch = at_epoch.add(Condition::all().add(acks).add(Expr::exists(revoked).not()));
     }
     let acked = delivery::Entity::update_many()
-        .col_expr(
-            delivery::Column::State,
-            Expr::value(DeliveryState::Acked.as_str()),
-        )
+        .col_expr(delivery::Column::State, Expr::value(DeliveryState::Acked))
         .col_expr(delivery::Column::AcknowledgedAt, Expr::value(at.micros()))
         .col_expr(
             delivery::Column::Revision,
@@ -314,7 +311,7 @@ async fn write_acks_in(
             Expr::value(Option::<String>::None),
         )
         .filter(at_epoch)
-        .filter(delivery::Column::State.ne(DeliveryState::Acked.as_str()))
+        .filter(delivery::Column::State.ne(DeliveryState::Acked))
         .exec_with_returning(txn)
         .await?;
     if acked.is_empty() {
@@ -375,7 +372,7 @@ fn proof_matches(row: &delivery::Model, proof: &LeaseProof) -> bool {
 }
 
 fn already_acked(row: &delivery::Model) -> Option<AckOutcome> {
-    (row.state == DeliveryState::Acked.as_str()).then(|| AckOutcome::Acked {
+    (row.state == DeliveryState::Acked).then(|| AckOutcome::Acked {
         event_id: EventId::from_db(row.event_id.clone()),
         epoch: u64::try_from(row.lease_epoch).unwrap_or(0),
         acknowledged_at: Timestamp(row.acknowledged_at.unwrap_or(0)),

@@ -62,9 +62,9 @@ pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
         .column(delivery::Column::SubscriptionId)
         .expr(Func::min(Expr::col(delivery::Column::CreatedAt)))
         .filter(delivery::Column::State.is_in([
-            DeliveryState::Pending.as_str(),
-            DeliveryState::Leased.as_str(),
-            DeliveryState::Expired.as_str(),
+            DeliveryState::Pending,
+            DeliveryState::Leased,
+            DeliveryState::Expired,
         ]))
         .group_by(delivery::Column::SubscriptionId)
         .into_tuple()

@@ -230,7 +230,7 @@ async fn claim_in<C: ConnectionTrait>(
             .select_only()
             .column(delivery::Column::Id)
             .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()))
-            .filter(delivery::Column::State.eq(DeliveryState::Pending.as_str()))
+            .filter(delivery::Column::State.eq(DeliveryState::Pending))
             .filter(delivery::Column::AvailableAt.lte(now.micros()))
             .filter(
                 Expr::col(delivery::Column::Attempts)
@@ -317,7 +317,7 @@ async fn live_leases<'a, C: ConnectionTrait>(
         .column(delivery::Column::LeaseSessionId)
         .column_as(Expr::col(delivery::Column::Id).count(), "n")
         .filter(delivery::Column::LeaseSessionId.is_in(sessions))
-        .filter(delivery::Column::State.eq(DeliveryState::Leased.as_str()))
+        .filter(delivery::Column::State.eq(DeliveryState::Leased))
         .filter(delivery::Column::LeaseUntil.gt(now.micros()))
         .group_by(delivery::Column::LeaseSessionId)
         .into_tuple()
@@ -360,10 +360,7 @@ async fn lease_rows<C: ConnectionTrait>(
         return Ok(HashMap::new());
     };
     let rows = delivery::Entity::update_many()
-        .col_expr(
-            delivery::Column::State,
-            Expr::value(DeliveryState::Leased.as_str()),
-        )
+        .col_expr(delivery::Column::State, Expr::value(DeliveryState::Leased))
         .col_expr(
             delivery::Column::LeaseEpoch,
             Expr::col(delivery::Column::LeaseEpoch).add(1),
@@ -393,7 +390,7 @@ async fn lease_rows<C: ConnectionTrait>(
                 .into(),
         )
         .filter(delivery::Column::Id.is_in(assignment.iter().map(|(id, _)| *id)))
-        .filter(delivery::Column::State.eq(DeliveryState::Pending.as_str()))
+        .filter(delivery::Column::State.eq(DeliveryState::Pending))
         .exec_with_returning(txn)
         .await?;
     rows.into_iter()
@@ -440,7 +437,7 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
             let budget_left = Expr::col(delivery::Column::Attempts)
                 .lt(Expr::col(delivery::Column::AttemptBudget));
             sea_orm::Condition::all()
-                .add(delivery::Column::State.eq(DeliveryState::Leased.as_str()))
+                .add(delivery::Column::State.eq(DeliveryState::Leased))
                 .add(delivery::Column::LeaseUntil.lte(now.micros()))
                 .add(if to_pending {
                     budget_left
@@ -473,19 +470,13 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
             );
         update = if to_pending {
             update
-                .col_expr(
-                    delivery::Column::State,
-                    Expr::value(DeliveryState::Pending.as_str()),
-                )
+                .col_expr(delivery::Column::State, Expr::value(DeliveryState::Pending))
                 .col_expr(
                     delivery::Column::AvailableAt,
                     Expr::col(delivery::Column::LeaseUntil),
                 )
         } else {
-            update.col_expr(
-                delivery::Column::State,
-                Expr::value(DeliveryState::Expired.as_str()),
-            )
+            update.col_expr(delivery::Column::State, Expr::value(DeliveryState::Expired))
         };
         let result = update
             .filter(delivery::Column::Id.in_subquery(due.into_query()))

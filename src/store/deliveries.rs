@@ -40,7 +40,7 @@ pub struct DeliveryView {
     #[schema(value_type = Uint64String)]
     pub revision: String,
     #[schema(value_type = DeliveryStateName)]
-    pub state: String,
+    pub state: DeliveryState,
     #[schema(value_type = Time)]
     pub created_at: Timestamp,
     /// Earliest time of the next offer.
@@ -67,26 +67,26 @@ pub struct DeliveryView {
 
 impl From<&delivery::Model> for DeliveryView {
     fn from(m: &delivery::Model) -> DeliveryView {
-        let state = DeliveryState::parse(&m.state);
+        let state = m.state;
         DeliveryView {
             id: m.id.clone(),
             subscription_id: m.subscription_id.clone(),
             event_id: m.event_id.clone(),
             sequence: m.sequence.to_string(),
             revision: m.revision.to_string(),
-            state: m.state.clone(),
+            state: m.state,
             created_at: Timestamp(m.created_at),
             available_at: Timestamp(m.available_at),
             lease_epoch: m.lease_epoch.to_string(),
             lease_until: m
                 .lease_until
-                .filter(|_| state == Some(DeliveryState::Leased))
+                .filter(|_| state == DeliveryState::Leased)
                 .map(Timestamp),
             attempts: m.attempts,
             attempt_budget: m.attempt_budget,
             acknowledged_at: m
                 .acknowledged_at
-                .filter(|_| state == Some(DeliveryState::Acked))
+                .filter(|_| state == DeliveryState::Acked)
                 .map(Timestamp),
         }
     }
@@ -179,7 +179,7 @@ pub async fn retry_delivery(
         .await?
         .filter(|d| d.subscription_id == sub.id)
         .ok_or_else(not_found)?;
-    if current.state != DeliveryState::Expired.as_str() {
+    if current.state != DeliveryState::Expired {
         return Err(Error::state_conflict(format!(
             "only an EXPIRED delivery can be retried; this one is {}",
             current.state
@@ -200,10 +200,7 @@ pub async fn retry_delivery(
     let t = now();
     let after = current.revision + 1;
     delivery::Entity::update_many()
-        .col_expr(
-            delivery::Column::State,
-            Expr::value(DeliveryState::Pending.as_str()),
-        )
+        .col_expr(delivery::Column::State, Expr::value(DeliveryState::Pending))
         .col_expr(delivery::Column::AvailableAt, Expr::value(t.micros()))
         .col_expr(delivery::Column::Revision, Expr::value(after))
         .col_expr(delivery::Column::AttemptBudget, Expr::value(budget as i32))

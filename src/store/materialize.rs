@@ -154,7 +154,7 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
                 event_id: Set(entry.event_id.as_str().to_owned()),
                 sequence: Set(entry.sequence),
                 revision: Set(1),
-                state: Set(DeliveryState::Pending.as_str().to_owned()),
+                state: Set(DeliveryState::Pending),
                 available_at: Set(t),
                 lease_epoch: Set(0),
                 lease_until: Set(None),

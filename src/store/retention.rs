@@ -69,7 +69,7 @@ pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<
     let due = delivery::Entity::find()
         .select_only()
         .column(delivery::Column::Id)
-        .filter(delivery::Column::State.eq(DeliveryState::Acked.as_str()))
+        .filter(delivery::Column::State.eq(DeliveryState::Acked))
         .filter(delivery::Column::AcknowledgedAt.lt(cutoff.micros()))
         .limit(BATCH);
     db.write_alone(async |txn| {

@@ -124,3 +124,15 @@ fn the_import_check_sees_grouped_and_nested_imports() {
     );
     assert_eq!(paths, ["http", "store", "ws"]);
 }
+
+#[test]
+fn the_client_knows_every_error_code_the_server_answers_with() {
+    for code in orbit_events::error::ErrorCode::ALL {
+        let parsed = orbit_events_client::ErrorCode::parse(code.as_str());
+        assert!(
+            !matches!(parsed, orbit_events_client::ErrorCode::Other(_)),
+            "the client does not know {code}"
+        );
+        assert_eq!(parsed.as_str(), code.as_str());
+    }
+}
