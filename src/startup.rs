@@ -163,7 +163,6 @@ impl Application {
             let writes = Queues::start(
                 queues_db,
                 idempotency_ttl,
-                http::results::render_published,
                 Arc::new(move |queue_id, n| {
                     metrics_for_publishes.appended(queue_id, n);
                     appended.do_send(JournalAppended {

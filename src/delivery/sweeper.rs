@@ -1,24 +1,11 @@
 //! SweeperActor (one per node): every `timing.sweep_interval_ms` it
-//! recovers lapsed leases and applies retention, in bounded batches of
-//! short transactions (spec: architecture.md §1, delivery-model.md §6 and
-//! §8; decision 0040).
-//!
-//! - Lease recovery: LEASED rows past `lease_until` become PENDING, or
-//!   EXPIRED at their attempt budget, also for subscriptions that nobody
-//!   consumes or that are paused, so nothing shows LEASED forever. The
-//!   scanner is woken when anything was recovered.
-//! - Retention: log entries appended more than `retention.events_max_age_s`
-//!   ago, except those a non-ACKED delivery references (the queue's
-//!   `retention_floor` becomes the highest purged sequence); ACKED
-//!   deliveries older than `retention.acked_deliveries_max_age_s`; expired
-//!   idempotency records; sessions closed more than
-//!   `retention.acked_deliveries_max_age_s` ago (decision 0041).
-//! - Sessions left open by a node that died (PostgreSQL): closed when that
-//!   node's listener connection is gone (decision 0041; on SQLite a node
-//!   closes them at start).
-//!
-//! The work runs as one future off the actor (never overlapping itself),
-//! so a slow database delays only the next sweep.
+//! recovers lapsed leases (to PENDING, or EXPIRED at their budget, also for
+//! subscriptions nobody consumes), applies retention (log entries no
+//! non-ACKED delivery references, ACKED deliveries, idempotency records and
+//! closed sessions past their ages) and closes the sessions of dead nodes,
+//! in bounded batches of short transactions, as one future that never
+//! overlaps itself (spec: architecture.md §1, delivery-model.md §6, §8;
+//! decisions 0040, 0041).
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 

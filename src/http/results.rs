@@ -22,7 +22,7 @@ use crate::{
     state::AppState,
     store::{
         idempotency::WriteIdentity,
-        publish::{PublishRequest, Published},
+        publish::{PublishRequest, PublishResult, Published},
     },
     strict_json::{self, non_null},
 };
@@ -92,26 +92,6 @@ pub struct ResultSnapshot {
     #[serde(default, deserialize_with = "non_null")]
     #[schema(value_type = Option<Id>, nullable = false)]
     current_attempt_id: Option<String>,
-}
-
-/// One appended event: its id and sequence.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AppendedEvent {
-    #[schema(value_type = Id)]
-    pub id: String,
-    #[schema(value_type = Uint64String)]
-    pub sequence: String,
-}
-
-/// `data` of a publish.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PublishResult {
-    /// In request order.
-    pub events: Vec<AppendedEvent>,
-    /// True when this answer replays an earlier request with the same key.
-    pub deduplicated: bool,
 }
 
 /// The normalized form of one result, for the idempotency digest.
@@ -278,21 +258,4 @@ pub async fn publish(
         Published::Fresh(data) => Ok(respond(&req, StatusCode::CREATED, data)),
         Published::Replay(data) => Ok(respond(&req, StatusCode::OK, data)),
     }
-}
-
-/// The response `data` of a fresh publish: `{events: [{id, sequence}],
-/// deduplicated: false}`.
-pub fn render_published(events: &[(crate::domain::EventId, i64)]) -> Result<serde_json::Value> {
-    let events = events
-        .iter()
-        .map(|(id, seq)| AppendedEvent {
-            id: id.to_string(),
-            sequence: seq.to_string(),
-        })
-        .collect();
-    serde_json::to_value(PublishResult {
-        events,
-        deduplicated: false,
-    })
-    .map_err(Error::internal)
 }

@@ -5,10 +5,15 @@ use crate::store::StoreError;
 use std::{collections::HashSet, time::Duration};
 
 use sea_orm::{DatabaseTransaction, DbErr};
+use serde::Serialize;
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::{
-    domain::{EventId, QueueId, Timestamp, now},
+    domain::{
+        EventId, QueueId, Timestamp, now,
+        schema::{Id, Uint64String},
+    },
     error::{Error, Result},
     journal::{self, NewResult},
     store::{
@@ -42,9 +47,44 @@ pub enum Published {
     Replay(Value),
 }
 
-/// Renders the response `data` of a fresh publish (stored in its
-/// idempotency record and sent to the client).
-pub type RenderPublished = fn(&[(EventId, i64)]) -> Result<Value>;
+/// One appended event: its id and sequence.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendedEvent {
+    #[schema(value_type = Id)]
+    pub id: String,
+    #[schema(value_type = Uint64String)]
+    pub sequence: String,
+}
+
+/// `data` of a publish.
+// Stored in the publish's idempotency record and replayed from there.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishResult {
+    /// In request order.
+    pub events: Vec<AppendedEvent>,
+    /// True when this answer replays an earlier request with the same key.
+    pub deduplicated: bool,
+}
+
+impl PublishResult {
+    /// The answer of a fresh publish of `events` (ids and sequences).
+    fn fresh(events: &[(EventId, i64)]) -> Result<Value, StoreError> {
+        let events = events
+            .iter()
+            .map(|(id, seq)| AppendedEvent {
+                id: id.to_string(),
+                sequence: seq.to_string(),
+            })
+            .collect();
+        serde_json::to_value(PublishResult {
+            events,
+            deduplicated: false,
+        })
+        .map_err(|e| StoreError::invariant(format!("rendering a publish answer: {e}")))
+    }
+}
 
 /// Publishes each request as if alone, all in one write transaction;
 /// returns one outcome per request, in order, after the commit:
@@ -53,7 +93,7 @@ pub type RenderPublished = fn(&[(EventId, i64)]) -> Result<Value>;
 /// - an unknown queue → 404 `NOT_FOUND` (nothing written for it);
 /// - otherwise its results are appended ([`journal::append_many`]: in
 ///   request order, one counter-row update per queue and one insert for
-///   all events) and its idempotency record (HTTP 201, `render`ed data,
+///   all events) and its idempotency record (HTTP 201, its [`PublishResult`],
 ///   expiring after `ttl`) is written with the others in one insert.
 ///
 /// A key that appears twice in the batch: the first request is decided
@@ -72,10 +112,9 @@ async fn publish_batch(
     db: &Database,
     requests: &[PublishRequest],
     ttl: Duration,
-    render: RenderPublished,
 ) -> Result<Vec<Option<Result<Published>>>, StoreError> {
     let t = now();
-    db.write(async |txn| publish_in(txn, requests, ttl, render, t).await)
+    db.write(async |txn| publish_in(txn, requests, ttl, t).await)
         .await
         .map_err(|undone| match undone {
             Undone::Failed(err) => err,
@@ -130,7 +169,6 @@ async fn publish_in(
     txn: &DatabaseTransaction,
     requests: &[PublishRequest],
     ttl: Duration,
-    render: RenderPublished,
     t: Timestamp,
 ) -> std::result::Result<Vec<Option<Result<Published>>>, Undone> {
     let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
@@ -170,9 +208,7 @@ async fn publish_in(
                 // Rendering strings cannot fail in practice; if it did, the
                 // events of this request would lack their response: the
                 // whole batch fails instead.
-                let data = render(&events).map_err(|e| {
-                    StoreError::invariant(format!("rendering a publish answer: {}", e.message()))
-                })?;
+                let data = PublishResult::fresh(&events)?;
                 outcomes[i] = Some(Ok(Published::Fresh(data.clone())));
                 finished.push((i, data));
             }
@@ -210,17 +246,16 @@ pub async fn publish_each(
     db: &Database,
     requests: &[PublishRequest],
     ttl: Duration,
-    render: RenderPublished,
 ) -> Vec<Result<Published>> {
     let outcomes = batch_or_each("publish batch", requests, async |batch| {
-        publish_batch(db, batch, ttl, render).await
+        publish_batch(db, batch, ttl).await
     })
     .await;
     let mut out = Vec::with_capacity(requests.len());
     for (request, outcome) in requests.iter().zip(outcomes) {
         out.push(match outcome {
             Ok(Some(outcome)) => outcome,
-            Ok(None) => publish_batch(db, std::slice::from_ref(request), ttl, render)
+            Ok(None) => publish_batch(db, std::slice::from_ref(request), ttl)
                 .await
                 .map_err(Error::from)
                 .and_then(|mut o| {

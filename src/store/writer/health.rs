@@ -256,6 +256,7 @@ impl WriterHealth {
         }
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// Test hook: new write connections get `PRAGMA max_page_count = n`
     /// (`None`: no limit), and the current one is replaced.
     pub(crate) fn set_max_page_count(&self, n: Option<u64>) {

@@ -13,7 +13,7 @@ use crate::{
     store::{
         Database, StoreError,
         ack::{self, AckOutcome, AckRequest},
-        publish::{self, PublishRequest, Published, RenderPublished},
+        publish::{self, PublishRequest, Published},
     },
 };
 
@@ -55,13 +55,8 @@ impl Queues {
     /// Starts both queues on the calling thread's local task set (the
     /// node's delivery thread, so they stop with the delivery actors).
     /// Idempotency records of fresh publishes expire after
-    /// `idempotency_ttl`; `render` gives a fresh publish its response.
-    pub fn start(
-        db: Database,
-        idempotency_ttl: Duration,
-        render: RenderPublished,
-        on_appended: OnAppended,
-    ) -> Queues {
+    /// `idempotency_ttl`.
+    pub fn start(db: Database, idempotency_ttl: Duration, on_appended: OnAppended) -> Queues {
         let acks = {
             let db = db.clone();
             GroupCommit::start(
@@ -85,8 +80,7 @@ impl Queues {
             move |requests: Vec<PublishRequest>| {
                 let (db, on_appended) = (db.clone(), on_appended.clone());
                 async move {
-                    let outcomes =
-                        publish::publish_each(&db, &requests, idempotency_ttl, render).await;
+                    let outcomes = publish::publish_each(&db, &requests, idempotency_ttl).await;
                     for (request, outcome) in requests.iter().zip(&outcomes) {
                         if let Ok(Published::Fresh(_)) = outcome {
                             on_appended(&request.queue_id, request.results.len() as u64);
