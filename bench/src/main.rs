@@ -5,6 +5,7 @@
 
 mod drive;
 mod floor;
+mod jetstream;
 mod orbit;
 mod redis_streams;
 mod sql_queue;
@@ -55,6 +56,9 @@ enum Target {
     OrbitPostgres,
     /// Redis Streams, consumer groups, XACK per message (needs --redis).
     Redis,
+    /// NATS JetStream, file storage, a durable pull consumer, one
+    /// confirmed ACK per message (needs --nats).
+    Jetstream,
     /// A plain PostgreSQL SKIP LOCKED queue, one commit per ACK.
     PgQueue,
     /// The same queue on SQLite (WAL, synchronous=FULL).
@@ -67,6 +71,7 @@ impl Target {
             Target::OrbitSqlite => "orbit-sqlite",
             Target::OrbitPostgres => "orbit-postgres",
             Target::Redis => "redis",
+            Target::Jetstream => "jetstream",
             Target::PgQueue => "pg-queue",
             Target::SqliteQueue => "sqlite-queue",
         }
@@ -99,6 +104,18 @@ struct RunArgs {
     /// Redis' data folder, for the size of its append-only file.
     #[arg(long, env = "ORBIT_BENCH_REDIS_DIR")]
     redis_dir: Option<PathBuf>,
+    /// NATS URL (nats-server with JetStream; started by scripts/bench).
+    #[arg(long, env = "ORBIT_BENCH_NATS")]
+    nats: Option<String>,
+    /// nats-server's JetStream store folder, for the bytes a run writes.
+    #[arg(long, env = "ORBIT_BENCH_NATS_DIR")]
+    nats_dir: Option<PathBuf>,
+    /// nats-server's process id, for its RSS.
+    #[arg(long, env = "ORBIT_BENCH_NATS_PID")]
+    nats_pid: Option<u32>,
+    /// How nats-server syncs its file store (printed with the table).
+    #[arg(long, env = "ORBIT_BENCH_NATS_SYNC", default_value = "as started")]
+    nats_sync: String,
     /// Results published (N).
     #[arg(short = 'n', long, default_value_t = 50_000)]
     events: u64,
@@ -286,6 +303,18 @@ async fn run_target(args: &RunArgs, row: &Row, w: &Workload) -> Result<RunResult
             };
             redis_streams::run_once(&opts, w, label).await
         }
+        Target::Jetstream => {
+            let url = args
+                .nats
+                .clone()
+                .context("the jetstream target needs --nats URL (or ORBIT_BENCH_NATS)")?;
+            let opts = jetstream::NatsOptions {
+                url,
+                dir: args.nats_dir.clone(),
+                pid: args.nats_pid,
+            };
+            jetstream::run_once(&opts, w, label).await
+        }
         Target::PgQueue => {
             let backend = QueueBackend::Postgres(postgres(&args.common)?);
             sql_queue::run_once(&backend, w, label).await
@@ -405,6 +434,12 @@ async fn run(args: RunArgs) -> Result<()> {
     println!(
         "durability: orbit-events SQLite WAL synchronous=FULL, PostgreSQL synchronous_commit=on; Redis appendfsync always; queues commit every ACK"
     );
+    if args.targets.contains(&Target::Jetstream) {
+        println!(
+            "jetstream: file storage, explicit ACK confirmed by the server; {}",
+            args.nats_sync
+        );
+    }
     println!("each cell: median (min–max); latencies in ms");
     print_table(&summaries);
     print_ratios(&summaries, w.rate.is_some());

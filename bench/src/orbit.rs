@@ -484,10 +484,27 @@ impl Publisher for OrbitPublisher {
                 r
             })
             .collect();
-        self.client
-            .publish_results(&self.queue_id, &IdempotencyKey::random(), &results)
-            .await?;
-        Ok(())
+        // As the client documents: a request without an answer (e.g. a
+        // pooled keep-alive connection the node closed as it was reused) is
+        // sent again with the same key, which tells whether it was applied.
+        let key = IdempotencyKey::random();
+        let mut tries = 0;
+        loop {
+            match self
+                .client
+                .publish_results(&self.queue_id, &key, &results)
+                .await
+            {
+                Err(orbit_events_client::Error::Transport(why)) if tries < 3 => {
+                    tries += 1;
+                    eprintln!("orbit-bench: publish without an answer ({why}); sent again");
+                }
+                other => {
+                    other?;
+                    return Ok(());
+                }
+            }
+        }
     }
 }
 

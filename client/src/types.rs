@@ -109,6 +109,12 @@ pub struct EventDelivery {
     /// Only in state ACKED.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acknowledged_at: Option<Time>,
+    /// Only in state ACKED: the lease epoch the ACK proved (decimal string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_epoch: Option<String>,
+    /// Only in state ACKED, when recorded: the session the ACK came on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_session_id: Option<String>,
 }
 
 /// A result's task snapshot (schema_version 1).

@@ -23,7 +23,13 @@ pub struct Model {
     pub lease_session_id: Option<String>,
     pub attempts: i32,
     pub attempt_budget: i32,
+    /// Set once, by the first valid ACK (the row is immutable once ACKED).
     pub acknowledged_at: Option<i64>,
+    /// The lease epoch the ACK proved (delivery-model.md §2).
+    pub ack_epoch: Option<i64>,
+    /// The session the ACK came on; absent for rows ACKED before
+    /// migration 0079, which did not record it.
+    pub ack_session_id: Option<String>,
     pub created_at: i64,
 }
 

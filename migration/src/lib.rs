@@ -9,6 +9,7 @@ mod m20261130_000001_initial;
 mod m20261130_000065_hot_path_indexes;
 mod m20261130_000066_event_index_without_state;
 mod m20261201_000076_write_probes;
+mod m20261201_000079_lean_deliveries;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -21,6 +22,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000065_hot_path_indexes::Migration),
             Box::new(m20261130_000066_event_index_without_state::Migration),
             Box::new(m20261201_000076_write_probes::Migration),
+            Box::new(m20261201_000079_lean_deliveries::Migration),
         ]
     }
 }

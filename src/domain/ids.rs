@@ -1,5 +1,7 @@
-//! Typed ids: 32 lowercase hex characters, 128 random bits
-//! (spec: delivery-model.md §2).
+//! Typed ids: 32 lowercase hex characters (spec: delivery-model.md §2).
+//! New ids are insert-ordered (UUIDv7: a 48-bit millisecond timestamp, then
+//! 74 random bits), so that B-tree inserts land at the right edge of the
+//! primary key and of every index that ends in an id (decision 0079).
 
 use std::fmt;
 
@@ -13,10 +15,18 @@ pub fn is_id(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// 128 fresh random bits as 32 lowercase hex characters.
+/// 128 fresh random bits as 32 lowercase hex characters (message ids,
+/// anything never inserted into an index).
 pub fn random_hex_id() -> String {
     let bytes: [u8; 16] = rand::rng().random();
     hex::encode(bytes)
+}
+
+/// A new row id as 32 lowercase hex characters: a UUIDv7, so ids created
+/// later sort later (within a millisecond too: the generator's counter),
+/// with 74 random bits that make it unguessable.
+pub fn ordered_hex_id() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
 }
 
 macro_rules! typed_id {
@@ -26,9 +36,9 @@ macro_rules! typed_id {
         pub struct $name(String);
 
         impl $name {
-            /// A fresh random id.
+            /// A fresh insert-ordered id ([`ordered_hex_id`]).
             pub fn generate() -> Self {
-                Self(random_hex_id())
+                Self(ordered_hex_id())
             }
 
             /// Parses 32 lowercase hex characters; `None` otherwise.

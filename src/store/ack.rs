@@ -1,5 +1,7 @@
 //! ACK with a lease proof (spec: delivery-model.md §6), one ACK or a batch
-//! of them in one transaction (group commit, decision 0060).
+//! of them in one transaction (group commit, decision 0060). The ACK is
+//! recorded on the delivery row (`acknowledged_at`, `ack_epoch`,
+//! `ack_session_id`; §2), with no audit record per ACK (decision 0079).
 
 use crate::store::StoreError;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -8,17 +10,15 @@ use entity::{credential, delivery, subscription};
 use sea_orm::{
     ColumnTrait, Condition, DatabaseTransaction, DbBackend, EntityTrait, ExprTrait, QueryFilter,
     QueryOrder, QuerySelect,
-    sea_query::{Expr, Query},
+    sea_query::{CaseStatement, Expr, Query},
 };
 
 use crate::{
-    domain::{DeliveryId, DeliveryState, EventId, LeaseSecret, SubscriptionId, Timestamp, now},
-    store::{
-        Database,
-        audit::{self, AuditActor, AuditEntry},
-        lock_for_update,
-        writer::batch_or_each,
+    domain::{
+        CredentialId, DeliveryId, DeliveryState, EventId, LeaseSecret, SessionId, SubscriptionId,
+        Timestamp, now,
     },
+    store::{Database, lock_for_update, writer::batch_or_each},
 };
 
 /// A lease proof as presented by a consumer.
@@ -49,12 +49,13 @@ pub enum AckOutcome {
     Revoked,
 }
 
-/// One ACK: the proof, the subscription of the session it came on, and
-/// the acting credential (for the audit record).
+/// One ACK: the proof, and the session it came on (its subscription, its
+/// credential; the session is recorded on the ACKED row).
 #[derive(Debug, Clone)]
 pub struct AckRequest {
     pub subscription_id: SubscriptionId,
-    pub actor: AuditActor,
+    pub session_id: SessionId,
+    pub credential_id: CredentialId,
     pub proof: LeaseProof,
 }
 
@@ -75,9 +76,10 @@ pub async fn acknowledge_each(
 /// Acknowledges each request as if alone, in one write transaction for the
 /// whole batch; returns one outcome per request, in order:
 /// - the latest proof on a LEASED, PENDING or EXPIRED row → ACKED,
-///   `acknowledged_at = now`, `revision += 1`, one audit record per ACK,
-///   and `pending_count -= n` once per subscription of the batch (the hot
-///   row is written once per batch, not once per ACK);
+///   `acknowledged_at = now`, `ack_epoch` = the proof's epoch,
+///   `ack_session_id` = the request's session, `revision += 1`, and
+///   `pending_count -= n` once per subscription of the batch (the hot row
+///   is written once per batch, not once per ACK);
 /// - an ACKED row and the proof that acknowledged it → the original
 ///   `acknowledged_at`, `deduplicated`, nothing written;
 /// - anything else → `LeaseLost`; a delivery of another subscription (or
@@ -148,13 +150,11 @@ pub async fn acknowledge_batch(
     if !later.is_empty() {
         let revoked = revoked_credentials(
             db,
-            later
-                .iter()
-                .map(|&i| requests[i].actor.credential_id.as_str()),
+            later.iter().map(|&i| requests[i].credential_id.as_str()),
         )
         .await?;
         later.retain(|&i| {
-            let gone = revoked.contains(requests[i].actor.credential_id.as_str());
+            let gone = revoked.contains(requests[i].credential_id.as_str());
             if gone {
                 outcomes[i] = Some(AckOutcome::Revoked);
             }
@@ -225,8 +225,8 @@ async fn revoked_credentials<'a>(
 
 /// One transaction: every candidate still at its proof's epoch and not
 /// ACKED, and whose credential is not revoked, becomes ACKED;
-/// `pending_count` drops once per subscription; one audit record per ACK,
-/// inserted in one statement. Returns the event id of each delivery it
+/// `pending_count` drops once per subscription. Returns the event id of
+/// each delivery it
 /// ACKed. (PostgreSQL aborting it for a deadlock with another node's batch
 /// runs it again: the writer's rule.)
 async fn write_acks(
@@ -270,14 +270,21 @@ async fn write_acks_in(
     // the credential is not revoked (one lookup per credential, inside this
     // statement).
     let mut by_credential: BTreeMap<&str, Condition> = BTreeMap::new();
+    let mut sessions: Option<CaseStatement> = None;
     for &i in candidates {
         let proof = &requests[i].proof;
         let epoch = i64::try_from(proof.epoch).unwrap_or(i64::MAX);
+        let when = delivery::Column::Id.eq(proof.delivery_id.as_str());
+        let session = requests[i].session_id.as_str();
+        sessions = Some(match sessions {
+            None => Expr::case(when, session),
+            Some(case) => case.case(when, session),
+        });
         let acks = by_credential
-            .remove(requests[i].actor.credential_id.as_str())
+            .remove(requests[i].credential_id.as_str())
             .unwrap_or_else(Condition::any);
         by_credential.insert(
-            requests[i].actor.credential_id.as_str(),
+            requests[i].credential_id.as_str(),
             acks.add(
                 Condition::all()
                     .add(delivery::Column::Id.eq(proof.delivery_id.as_str()))
@@ -295,9 +302,17 @@ async fn write_acks_in(
             .to_owned();
         at_epoch = at_epoch.add(Condition::all().add(acks).add(Expr::exists(revoked).not()));
     }
+    let Some(sessions) = sessions else {
+        return Ok(HashMap::new());
+    };
     let acked = delivery::Entity::update_many()
         .col_expr(delivery::Column::State, Expr::value(DeliveryState::Acked))
         .col_expr(delivery::Column::AcknowledgedAt, Expr::value(at.micros()))
+        .col_expr(
+            delivery::Column::AckEpoch,
+            Expr::col(delivery::Column::LeaseEpoch),
+        )
+        .col_expr(delivery::Column::AckSessionId, sessions.into())
         .col_expr(
             delivery::Column::Revision,
             Expr::col(delivery::Column::Revision).add(1),
@@ -335,28 +350,6 @@ async fn write_acks_in(
             .exec(txn)
             .await?;
     }
-    let actors: HashMap<&str, &AuditActor> = candidates
-        .iter()
-        .map(|&i| (requests[i].proof.delivery_id.as_str(), &requests[i].actor))
-        .collect();
-    let mut entries = Vec::with_capacity(acked.len());
-    for row in &acked {
-        let actor = actors.get(row.id.as_str()).ok_or_else(|| {
-            StoreError::invariant(format!("delivery {} was not asked for", row.id))
-        })?;
-        entries.push((
-            *actor,
-            AuditEntry {
-                action: "delivery.ack",
-                target_id: &row.id,
-                reason: None,
-                before_revision: Some(row.revision - 1),
-                after_revision: Some(row.revision),
-                at,
-            },
-        ));
-    }
-    audit::record_many(txn, entries).await?;
     Ok(acked.into_iter().map(|r| (r.id, r.event_id)).collect())
 }
 
@@ -374,7 +367,7 @@ fn proof_matches(row: &delivery::Model, proof: &LeaseProof) -> bool {
 fn already_acked(row: &delivery::Model) -> Option<AckOutcome> {
     (row.state == DeliveryState::Acked).then(|| AckOutcome::Acked {
         event_id: EventId::from_db(row.event_id.clone()),
-        epoch: u64::try_from(row.lease_epoch).unwrap_or(0),
+        epoch: u64::try_from(row.ack_epoch.unwrap_or(row.lease_epoch)).unwrap_or(0),
         acknowledged_at: Timestamp(row.acknowledged_at.unwrap_or(0)),
         deduplicated: true,
     })

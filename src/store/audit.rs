@@ -4,7 +4,7 @@ use crate::store::StoreError;
 use entity::audit_record;
 use sea_orm::{ConnectionTrait, EntityTrait, Set};
 
-use crate::domain::{CredentialId, NamespaceId, Timestamp, random_hex_id};
+use crate::domain::{CredentialId, NamespaceId, Timestamp, ordered_hex_id};
 
 /// The acting credential of an audited change.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ pub async fn record_many<C: ConnectionTrait>(
     let models = entries
         .into_iter()
         .map(|(actor, entry)| audit_record::ActiveModel {
-            id: Set(random_hex_id()),
+            id: Set(ordered_hex_id()),
             namespace_id: Set(actor.namespace_id.as_str().to_owned()),
             credential_id: Set(actor.credential_id.as_str().to_owned()),
             action: Set(entry.action.to_owned()),

@@ -2,12 +2,12 @@
 //! database when `/metrics` is scraped (spec: architecture.md §6).
 //! Read-only: three index scans, no lock.
 
-use crate::store::StoreError;
+use crate::store::{StoreError, state_is};
 use std::{collections::HashMap, time::Duration};
 
 use entity::{delivery, queue, subscription};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect,
+    ConnectionTrait, EntityTrait, QueryFilter, QuerySelect,
     sea_query::{Expr, Func},
 };
 
@@ -45,7 +45,7 @@ pub struct Backlog {
 
 /// Reads [`Backlog`]: the queues, the subscriptions, and the creation time
 /// of each subscription's oldest non-ACKED delivery (at most `max_pending`
-/// rows per subscription, found through the `(state, …)` index).
+/// rows per subscription, found through the partial indexes by state).
 pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
     let queues: Vec<(String, i64, i64)> = queue::Entity::find()
         .select_only()
@@ -57,23 +57,31 @@ pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
         .await?;
     let heads: HashMap<&str, i64> = queues.iter().map(|(id, h, _)| (id.as_str(), *h)).collect();
 
-    let oldest: Vec<(String, Option<i64>)> = delivery::Entity::find()
-        .select_only()
-        .column(delivery::Column::SubscriptionId)
-        .expr(Func::min(Expr::col(delivery::Column::CreatedAt)))
-        .filter(delivery::Column::State.is_in([
-            DeliveryState::Pending,
-            DeliveryState::Leased,
-            DeliveryState::Expired,
-        ]))
-        .group_by(delivery::Column::SubscriptionId)
-        .into_tuple()
-        .all(conn)
-        .await?;
-    let oldest: HashMap<String, i64> = oldest
-        .into_iter()
-        .filter_map(|(id, at)| at.map(|at| (id, at)))
-        .collect();
+    // One query per state, each served by that state's partial index
+    // (decision 0079): PENDING and LEASED rows are bounded by
+    // `max_pending`, EXPIRED rows are the exhausted ones only.
+    let mut oldest: HashMap<String, i64> = HashMap::new();
+    for state in [
+        DeliveryState::Pending,
+        DeliveryState::Leased,
+        DeliveryState::Expired,
+    ] {
+        let rows: Vec<(String, Option<i64>)> = delivery::Entity::find()
+            .select_only()
+            .column(delivery::Column::SubscriptionId)
+            .expr(Func::min(Expr::col(delivery::Column::CreatedAt)))
+            .filter(state_is(state))
+            .group_by(delivery::Column::SubscriptionId)
+            .into_tuple()
+            .all(conn)
+            .await?;
+        for (id, at) in rows {
+            if let Some(at) = at {
+                let first = oldest.entry(id).or_insert(at);
+                *first = (*first).min(at);
+            }
+        }
+    }
 
     let subs: Vec<(String, String, i64, i64, i32)> = subscription::Entity::find()
         .select_only()

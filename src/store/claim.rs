@@ -18,7 +18,7 @@ use crate::{
         Timestamp, now,
     },
     journal::{self, RenderedEvent},
-    store::{Database, Waiter, tenancy, writer::batch_or_each},
+    store::{Database, Waiter, state_is, tenancy, writer::batch_or_each},
 };
 
 /// The session a claim leases to.
@@ -230,7 +230,7 @@ async fn claim_in<C: ConnectionTrait>(
             .select_only()
             .column(delivery::Column::Id)
             .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()))
-            .filter(delivery::Column::State.eq(DeliveryState::Pending))
+            .filter(state_is(DeliveryState::Pending))
             .filter(delivery::Column::AvailableAt.lte(now.micros()))
             .filter(
                 Expr::col(delivery::Column::Attempts)
@@ -317,7 +317,7 @@ async fn live_leases<'a, C: ConnectionTrait>(
         .column(delivery::Column::LeaseSessionId)
         .column_as(Expr::col(delivery::Column::Id).count(), "n")
         .filter(delivery::Column::LeaseSessionId.is_in(sessions))
-        .filter(delivery::Column::State.eq(DeliveryState::Leased))
+        .filter(state_is(DeliveryState::Leased))
         .filter(delivery::Column::LeaseUntil.gt(now.micros()))
         .group_by(delivery::Column::LeaseSessionId)
         .into_tuple()
@@ -437,7 +437,7 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
             let budget_left = Expr::col(delivery::Column::Attempts)
                 .lt(Expr::col(delivery::Column::AttemptBudget));
             sea_orm::Condition::all()
-                .add(delivery::Column::State.eq(DeliveryState::Leased))
+                .add(state_is(DeliveryState::Leased))
                 .add(delivery::Column::LeaseUntil.lte(now.micros()))
                 .add(if to_pending {
                     budget_left

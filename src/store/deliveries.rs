@@ -63,6 +63,15 @@ pub struct DeliveryView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Time>, nullable = false)]
     pub acknowledged_at: Option<Timestamp>,
+    /// Only in state ACKED: the lease epoch the ACK proved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Uint64String>, nullable = false)]
+    pub ack_epoch: Option<String>,
+    /// Only in state ACKED, when recorded: the session the ACK came on
+    /// (rows ACKED before migration 0079 have none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub ack_session_id: Option<String>,
 }
 
 impl From<&delivery::Model> for DeliveryView {
@@ -88,6 +97,14 @@ impl From<&delivery::Model> for DeliveryView {
                 .acknowledged_at
                 .filter(|_| state == DeliveryState::Acked)
                 .map(Timestamp),
+            ack_epoch: m
+                .ack_epoch
+                .filter(|_| state == DeliveryState::Acked)
+                .map(|e| e.to_string()),
+            ack_session_id: m
+                .ack_session_id
+                .clone()
+                .filter(|_| state == DeliveryState::Acked),
         }
     }
 }

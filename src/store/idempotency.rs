@@ -21,7 +21,7 @@ use sea_orm::{
 use serde_json::Value;
 
 use crate::{
-    domain::{CredentialId, Timestamp, random_hex_id, sha256_hex},
+    domain::{CredentialId, Timestamp, ordered_hex_id, sha256_hex},
     error::{Error, ErrorCode, Result},
 };
 
@@ -216,7 +216,7 @@ fn record(
     now: Timestamp,
 ) -> idempotency_record::ActiveModel {
     idempotency_record::ActiveModel {
-        id: Set(random_hex_id()),
+        id: Set(ordered_hex_id()),
         credential_id: Set(id.credential_id.as_str().to_owned()),
         key: Set(id.key.as_str().to_owned()),
         operation: Set(id.operation.to_owned()),

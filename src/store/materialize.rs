@@ -163,6 +163,8 @@ async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
                 attempts: Set(0),
                 attempt_budget: Set(sub.max_attempts),
                 acknowledged_at: Set(None),
+                ack_epoch: Set(None),
+                ack_session_id: Set(None),
                 created_at: Set(t),
             });
         }

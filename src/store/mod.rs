@@ -407,6 +407,16 @@ pub fn lock_for_update<Q: sea_orm::QuerySelect>(query: Q, backend: DbBackend) ->
     }
 }
 
+/// `deliveries.state = '<STATE>'` with the state as a literal, not a bound
+/// parameter: the partial indexes of migration 0079 (`WHERE state =
+/// 'PENDING'`, …) serve only statements whose condition implies theirs,
+/// which a parameter never does for either planner (decision 0079).
+pub fn state_is(state: entity::delivery::DeliveryState) -> sea_orm::sea_query::SimpleExpr {
+    use sea_orm::sea_query::{Expr, ExprTrait};
+    Expr::col((entity::delivery::Entity, entity::delivery::Column::State))
+        .eq(Expr::cust(format!("'{}'", state.as_str())))
+}
+
 /// Runs `sql` (no parameters) — used for backend-specific statements.
 pub async fn execute_unprepared<C: ConnectionTrait>(conn: &C, sql: &str) -> Result<(), StoreError> {
     Ok(conn.execute_unprepared(sql).await.map(|_| ())?)

@@ -17,6 +17,7 @@ use crate::{
     store::{
         Database,
         claim::{self, Recovered},
+        state_is,
     },
 };
 
@@ -69,7 +70,7 @@ pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<
     let due = delivery::Entity::find()
         .select_only()
         .column(delivery::Column::Id)
-        .filter(delivery::Column::State.eq(DeliveryState::Acked))
+        .filter(state_is(DeliveryState::Acked))
         .filter(delivery::Column::AcknowledgedAt.lt(cutoff.micros()))
         .limit(BATCH);
     db.write_alone(async |txn| {

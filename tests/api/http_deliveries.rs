@@ -57,11 +57,9 @@ async fn the_delivery_list_filters_by_state_pages_newest_first_and_omits_absent_
         assert_eq!(d["subscription_id"], json!(sub_id));
         let state = d["state"].as_str().unwrap();
         assert_eq!(d.get("lease_until").is_some(), state == "LEASED", "{d:#}");
-        assert_eq!(
-            d.get("acknowledged_at").is_some(),
-            state == "ACKED",
-            "{d:#}"
-        );
+        for only_acked in ["acknowledged_at", "ack_epoch", "ack_session_id"] {
+            assert_eq!(d.get(only_acked).is_some(), state == "ACKED", "{d:#}");
+        }
         if state == "PENDING" {
             assert_eq!(d["lease_epoch"], "0");
             assert_eq!(d["attempts"], 0);
@@ -109,6 +107,44 @@ async fn the_delivery_list_filters_by_state_pages_newest_first_and_omits_absent_
         "created_at DESC, id DESC"
     );
     app.assert_invariants().await;
+}
+
+/// delivery-model.md §2: the ACK is recorded on the delivery row — when,
+/// with which lease epoch, on which session — and read back by an admin.
+#[actix_web::test]
+async fn an_acked_delivery_shows_when_with_which_epoch_and_on_which_session_it_was_acked() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let sub_id = sub["id"].as_str().unwrap();
+    app.publish(&cred, vec![result(&cred.queue_id, "task.succeeded")])
+        .await;
+    let mut ws = app.bind(&cred.token, sub_id, 1).await;
+    let d = ws.delivery().await;
+    let reply = ws.ack(&d).await;
+    assert_eq!(reply["type"], "ack", "{reply:#}");
+    let id = d["body"]["delivery"]["id"].as_str().unwrap();
+    let res = app
+        .get(
+            &format!("/v1/subscriptions/{sub_id}/deliveries/{id}"),
+            &cred.token,
+        )
+        .await;
+    assert_eq!(res.status, 200);
+    assert_conforms("GET", DETAIL, &res);
+    let delivery = &res.data()["delivery"];
+    assert_eq!(delivery["state"], "ACKED");
+    assert_eq!(
+        delivery["acknowledged_at"],
+        reply["body"]["acknowledged_at"]
+    );
+    assert_eq!(delivery["ack_epoch"], "1");
+    assert_eq!(delivery["ack_session_id"], d["session_id"]);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM audit_records").await,
+        0,
+        "no audit record per ACK"
+    );
 }
 
 #[actix_web::test]

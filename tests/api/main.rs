@@ -16,6 +16,7 @@ mod http_no_change;
 mod http_openapi;
 mod http_subscriptions;
 mod http_support;
+mod lean_row;
 mod metrics;
 mod multinode;
 #[cfg(feature = "test-hooks")]

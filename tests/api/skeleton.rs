@@ -164,13 +164,16 @@ async fn the_same_ack_sent_twice_answers_deduplicated_with_the_original_acknowle
         first["body"]["acknowledged_at"]
     );
 
-    let audits = app
+    // The row keeps the first ACK: its epoch and the session it came on.
+    let recorded = app
         .scalar(&format!(
-            "SELECT COUNT(*) FROM audit_records WHERE action = 'delivery.ack' AND target_id = '{}'",
-            d["body"]["delivery"]["id"].as_str().unwrap()
+            "SELECT COUNT(*) FROM deliveries WHERE id = '{}' AND ack_epoch = 1 \
+             AND ack_session_id = '{}'",
+            d["body"]["delivery"]["id"].as_str().unwrap(),
+            d["session_id"].as_str().unwrap()
         ))
         .await;
-    assert_eq!(audits, 1, "a deduplicated ACK writes nothing");
+    assert_eq!(recorded, 1, "a deduplicated ACK writes nothing");
     app.assert_invariants().await;
 }
 

@@ -16,7 +16,6 @@ use crate::{
     store::{
         self, StoreError, Waiter,
         ack::{AckOutcome, AckRequest, LeaseProof},
-        audit::AuditActor,
         sessions::OpenSession,
     },
     ws::frames::{self, ClientEnvelope},
@@ -178,10 +177,7 @@ impl ConnectionActor {
         let writes = self.state.writes.clone();
         let tx = self.write_tx.clone();
         let timeout = self.state.settings.timing.write_timeout();
-        let actor = AuditActor {
-            namespace_id: self.principal.namespace_id.clone(),
-            credential_id: self.principal.credential_id.clone(),
-        };
+        let credential_id = self.principal.credential_id.clone();
         let delivery_id = ack.delivery_id.clone();
         let session_id = bound.session_id.clone();
         let subscription_id = bound.subscription_id.clone();
@@ -196,7 +192,8 @@ impl ConnectionActor {
             let outcome = writes
                 .acknowledge(AckRequest {
                     subscription_id: bound.subscription_id.clone(),
-                    actor,
+                    session_id: bound.session_id.clone(),
+                    credential_id,
                     proof: proof.clone(),
                 })
                 .await;
