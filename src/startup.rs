@@ -167,6 +167,7 @@ impl Application {
                     metrics_for_publishes.appended(queue_id, n);
                     appended.do_send(JournalAppended {
                         queue_id: queue_id.clone(),
+                        entries: n,
                     });
                 }),
             );

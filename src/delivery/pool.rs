@@ -366,20 +366,30 @@ impl LeasePoolActor {
     ) {
         self.metrics
             .claim_finished(&req.application_id, waited, ran);
-        let (leased, exhausted) = match &result {
+        let (leased, exhausted, materialized, behind_head) = match &result {
             Ok(ClaimOutcome::Leased {
                 deliveries,
                 exhausted,
                 recovered,
                 queue_id,
+                materialized,
+                behind_head,
             }) => {
+                if let Some(m) = materialized.filter(|m| m.inserted > 0) {
+                    self.metrics.materialized(queue_id, m.inserted);
+                }
                 self.metrics.delivered(queue_id, deliveries.len() as u64);
                 self.metrics
                     .outcome(Outcome::LeaseExpired, recovered.to_pending);
                 self.metrics.outcome(Outcome::Expired, recovered.expired);
-                (deliveries.len() as u32, *exhausted)
+                (
+                    deliveries.len() as u32,
+                    *exhausted,
+                    *materialized,
+                    *behind_head,
+                )
             }
-            _ => (0, true),
+            _ => (0, true, None, false),
         };
         let failed = result.is_err();
         if result.is_err() {
@@ -398,6 +408,8 @@ impl LeasePoolActor {
             exhausted,
             refused: false,
             failed,
+            materialized,
+            behind_head,
         });
         req.reply.do_send(ClaimResult { outcome: result });
     }
@@ -422,6 +434,8 @@ impl Handler<ClaimRequest> for LeasePoolActor {
                 exhausted: false,
                 refused: true,
                 failed: false,
+                materialized: None,
+                behind_head: false,
             });
             return;
         }

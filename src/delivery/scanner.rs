@@ -15,6 +15,8 @@ use std::{
 
 use actix::prelude::*;
 
+mod settle;
+
 use crate::{
     delivery::{
         listener::Announcer,
@@ -68,6 +70,8 @@ pub struct Demand {
 #[rtype(result = "()")]
 pub struct JournalAppended {
     pub queue_id: QueueId,
+    /// How many (committed on this node).
+    pub entries: u64,
 }
 
 /// Something freed room or made deliveries available on a subscription
@@ -110,6 +114,10 @@ pub struct ClaimSettled {
     pub refused: bool,
     /// The claim transaction failed.
     pub failed: bool,
+    /// What the claim's own materialization did, if it ran one.
+    pub materialized: Option<Materialized>,
+    /// The cursor was still behind the head after the claim.
+    pub behind_head: bool,
 }
 
 struct SessionEntry {
@@ -132,6 +140,9 @@ struct SubscriptionEntry {
     sessions: VecDeque<SessionId>,
     /// Needs a materialization pass.
     dirty: bool,
+    /// Entries appended on this node to the queue since the last round
+    /// (0: none, or only wakes whose count is unknown).
+    appended: u64,
     /// The last materialization read every entry up to the head: until an
     /// append (or the timer), an ACK frees room but finds nothing to read,
     /// so it needs no materialization, only a claim.
@@ -240,13 +251,34 @@ impl ScannerActor {
     fn start_round(&mut self, ctx: &mut Context<Self>) {
         self.round_running = true;
         self.round_again = false;
+        // A subscription dirty from appends here, with a session waiting,
+        // is left to that session's claim, which materializes what it is
+        // short of in its own transaction (delivery-model.md §5): one
+        // commit less between an append and its `event.deliver`. The
+        // others are materialized here, so a backlog stays visible.
+        let sessions = &self.sessions;
         let dirty: Vec<SubscriptionId> = self
             .subscriptions
             .iter_mut()
             .filter(|(_, s)| s.dirty)
-            .map(|(id, s)| {
+            .filter_map(|(id, s)| {
                 s.dirty = false;
-                id.clone()
+                let waiting = s
+                    .sessions
+                    .iter()
+                    .any(|sid| sessions.get(sid).is_some_and(|e| e.room > 0 && !e.claiming));
+                let appended = std::mem::take(&mut s.appended);
+                // Only for entries appended here (their count is known):
+                // at most `appended` new rows, so one new row still wakes
+                // one claim and an ACK's wake none (decision 0064).
+                if waiting && !s.window_full && appended > 0 {
+                    let known = s.known_available.map(|a| a + appended);
+                    s.may_have_pending();
+                    s.known_available = known;
+                    None
+                } else {
+                    Some(id.clone())
+                }
             })
             .collect();
         let db = self.db.clone();
@@ -436,6 +468,7 @@ impl Handler<SessionBound> for ScannerActor {
                     application_id: app,
                     sessions: VecDeque::new(),
                     dirty: true,
+                    appended: 0,
                     caught_up: false,
                     maybe_pending: true,
                     known_available: None,
@@ -519,6 +552,7 @@ impl Handler<JournalAppended> for ScannerActor {
         for sub in self.subscriptions.values_mut() {
             if sub.queue_id == msg.queue_id {
                 sub.dirty = true;
+                sub.appended += msg.entries;
                 any = true;
             }
         }
@@ -584,59 +618,5 @@ impl Handler<WakeAll> for ScannerActor {
             sub.may_have_pending();
         }
         self.kick(ctx);
-    }
-}
-
-impl Handler<ClaimSettled> for ScannerActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
-        if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
-            sub.wanted_in_flight = sub
-                .wanted_in_flight
-                .saturating_sub(u64::from(msg.requested));
-            if msg.refused || msg.failed {
-                // The rows it would have taken were not: the next round
-                // asks every session with room again.
-                sub.known_available = None;
-            }
-        }
-        let Some(entry) = self.sessions.get_mut(&msg.session_id) else {
-            return;
-        };
-        entry.claiming = false;
-        if msg.refused || msg.failed {
-            // Retried on a later round (the timer), never in a tight loop.
-            return;
-        }
-        if msg.leased > 0 {
-            // The connection reports its new room once it has queued these
-            // deliveries (protocol.md §3: room in both its capacity and its
-            // write queue); until then it has none.
-            entry.room = 0;
-        }
-        if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
-            if msg.exhausted && sub.window_full {
-                // Nothing left to claim below a full window: refill now
-                // (once: if it inserts nothing, claims stop as below).
-                sub.window_full = false;
-                sub.dirty = true;
-                if sub.generation == entry.claim_generation {
-                    sub.maybe_pending = false;
-                    sub.known_available = Some(0);
-                }
-                self.kick(ctx);
-            } else if msg.exhausted && sub.generation == entry.claim_generation {
-                sub.maybe_pending = false;
-                sub.known_available = Some(0);
-            } else if msg.leased > 0 || msg.exhausted {
-                // Not exhausted, or rows appeared (a materialization here, a
-                // wake from another node) while this claim ran: look again.
-                if !msg.exhausted {
-                    sub.known_available = None;
-                }
-                self.kick(ctx);
-            }
-        }
     }
 }

@@ -18,7 +18,12 @@ use crate::{
         Timestamp, now,
     },
     journal::{self, RenderedEvent},
-    store::{Database, Waiter, state_is, tenancy, writer::batch_or_each},
+    store::{
+        Database, Waiter,
+        materialize::{MATERIALIZE_BATCH, Materialized, materialize_in},
+        state_is, tenancy,
+        writer::batch_or_each,
+    },
 };
 
 /// The session a claim leases to.
@@ -53,6 +58,13 @@ pub enum ClaimOutcome {
         exhausted: bool,
         /// This subscription's lapsed leases recovered first.
         recovered: Recovered,
+        /// When the PENDING rows fell short and the cursor was behind the
+        /// head, this transaction materialized first (delivery-model.md
+        /// §5): what it did. Counted once, with the first claim.
+        materialized: Option<Materialized>,
+        /// The subscription's cursor is still behind its queue's head
+        /// after this transaction: entries wait to be materialized.
+        behind_head: bool,
         /// The subscription's queue (for the census).
         queue_id: QueueId,
     },
@@ -140,7 +152,7 @@ async fn claim_batch_after(
 }
 
 /// The claims `claims`, all of one subscription, inside `txn`.
-async fn claim_in<C: ConnectionTrait>(
+async fn claim_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
     txn: &C,
     backend: DbBackend,
     claims: &[(ClaimTarget, u32)],
@@ -161,11 +173,14 @@ async fn claim_in<C: ConnectionTrait>(
     let sub = subscription::Entity::find_by_id(subscription_id.as_str())
         .one(txn)
         .await?;
-    let gap = match &sub {
-        Some(sub) if sub.enabled => journal::position(txn, &QueueId::from_db(sub.queue_id.clone()))
-            .await?
-            .filter(|pos| sub.cursor_sequence < pos.floor)
-            .map(|pos| pos.earliest()),
+    let pos = match &sub {
+        Some(sub) if sub.enabled => {
+            journal::position(txn, &QueueId::from_db(sub.queue_id.clone())).await?
+        }
+        _ => None,
+    };
+    let gap = match (&sub, &pos) {
+        (Some(sub), Some(pos)) if sub.cursor_sequence < pos.floor => Some(pos.earliest()),
         _ => None,
     };
     // Each claim is checked as if alone: its credential, then the
@@ -223,27 +238,23 @@ async fn claim_in<C: ConnectionTrait>(
         .collect();
     let total: u64 = takes.iter().sum();
 
-    let ids: Vec<String> = if total == 0 {
-        Vec::new()
-    } else {
-        let mut candidates = delivery::Entity::find()
-            .select_only()
-            .column(delivery::Column::Id)
-            .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()))
-            .filter(state_is(DeliveryState::Pending))
-            .filter(delivery::Column::AvailableAt.lte(now.micros()))
-            .filter(
-                Expr::col(delivery::Column::Attempts)
-                    .lt(Expr::col(delivery::Column::AttemptBudget)),
-            )
-            .order_by_asc(delivery::Column::Sequence)
-            .order_by_asc(delivery::Column::Id)
-            .limit(total);
-        if backend == DbBackend::Postgres {
-            candidates = candidates.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    let mut ids = candidates(txn, backend, subscription_id, now, total).await?;
+    // Short of PENDING rows while entries wait below the head: materialize
+    // in this transaction and lease what it inserted with the rest, one
+    // commit instead of two (delivery-model.md §5). The subscription row
+    // is locked after the candidates, which are SKIP LOCKED: this claim
+    // waits on no row lock while it holds the subscription's.
+    let head = pos.map_or(0, |p| p.head);
+    let mut materialized = None;
+    let mut behind_head = sub.cursor_sequence < head;
+    if (ids.len() as u64) < total && behind_head {
+        let m = materialize_in(txn, subscription_id, MATERIALIZE_BATCH).await?;
+        behind_head = !m.caught_up;
+        if m.inserted > 0 {
+            ids = candidates(txn, backend, subscription_id, crate::domain::now(), total).await?;
         }
-        candidates.into_tuple().all(txn).await?
-    };
+        materialized = Some(m);
+    }
 
     // The candidates in order: the first claim takes the first rows.
     let mut rest = ids.into_iter();
@@ -299,10 +310,43 @@ async fn claim_in<C: ConnectionTrait>(
             } else {
                 Recovered::default()
             },
+            materialized: if k == 0 { materialized } else { None },
+            behind_head,
             queue_id: queue_id.clone(),
         });
     }
     Ok(outcomes.into_iter().flatten().collect())
+}
+
+/// Up to `limit` claimable rows of the subscription: PENDING, available
+/// at `now`, attempts left, in `(sequence, id)` order (PostgreSQL: `FOR
+/// UPDATE SKIP LOCKED`).
+async fn candidates<C: ConnectionTrait>(
+    txn: &C,
+    backend: DbBackend,
+    subscription_id: &SubscriptionId,
+    now: Timestamp,
+    limit: u64,
+) -> Result<Vec<String>, StoreError> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let mut query = delivery::Entity::find()
+        .select_only()
+        .column(delivery::Column::Id)
+        .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()))
+        .filter(state_is(DeliveryState::Pending))
+        .filter(delivery::Column::AvailableAt.lte(now.micros()))
+        .filter(
+            Expr::col(delivery::Column::Attempts).lt(Expr::col(delivery::Column::AttemptBudget)),
+        )
+        .order_by_asc(delivery::Column::Sequence)
+        .order_by_asc(delivery::Column::Id)
+        .limit(limit);
+    if backend == DbBackend::Postgres {
+        query = query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    }
+    Ok(query.into_tuple().all(txn).await?)
 }
 
 /// LEASED rows with `lease_until > now` of each of `sessions`.

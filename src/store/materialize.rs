@@ -95,7 +95,10 @@ fn refill_after(max_pending: i32, batch: u64) -> u64 {
     (u64::try_from(max_pending).unwrap_or(0) / 4).clamp(1, batch.max(1))
 }
 
-async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
+/// The materialization transaction's statements, inside `txn` (the
+/// scanner's own transaction, or a claim's: delivery-model.md §5
+/// "Materialize and lease in one step").
+pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
     txn: &C,
     subscription_id: &SubscriptionId,
     batch: u64,

@@ -83,3 +83,52 @@ async fn the_lean_row_migration_upgrades_a_database_with_acked_rows_in_place_and
     );
     app.assert_invariants().await;
 }
+
+/// delivery-model.md §5 "Materialize and lease in one step": a result for
+/// a subscription whose session waits is inserted and leased by one claim
+/// transaction (PostgreSQL: both row versions carry one transaction id),
+/// and what the consumer sees is what materialize-then-claim gives
+/// (revision 2, epoch 1, attempt 1).
+#[actix_web::test]
+async fn a_waiting_sessions_claim_materializes_and_leases_a_new_result_in_one_transaction() {
+    if skip_unless_postgres() {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let s = create_sub(&app, &cred, json!({})).await;
+    for sql in [
+        "CREATE TABLE delivery_writes (id TEXT, state TEXT, xid BIGINT)",
+        "CREATE FUNCTION log_delivery_write() RETURNS trigger AS $$ BEGIN \
+         INSERT INTO delivery_writes VALUES (NEW.id, NEW.state, txid_current()); \
+         RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER log_delivery_writes AFTER INSERT OR UPDATE ON deliveries \
+         FOR EACH ROW EXECUTE FUNCTION log_delivery_write()",
+    ] {
+        crate::protocol_support::execute(&app, sql).await;
+    }
+    let mut ws = app.bind(&cred.token, &s, 4).await;
+    // The session's first claim (it found nothing) has settled: the
+    // session waits when the result is appended.
+    crate::protocol_support::claims_settled(&app, 1).await;
+    app.publish(&cred, vec![result(&cred.queue_id, "task.succeeded")])
+        .await;
+    let d = ws.delivery().await;
+    let delivery = &d["body"]["delivery"];
+    assert_eq!(delivery["state"], "LEASED");
+    assert_eq!(delivery["revision"], "2");
+    assert_eq!(delivery["lease_epoch"], "1");
+    assert_eq!(delivery["attempts"], 1);
+    let id = delivery["id"].as_str().unwrap();
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT COUNT(DISTINCT xid) FROM delivery_writes WHERE id = '{id}' \
+             AND state IN ('PENDING', 'LEASED')"
+        ))
+        .await,
+        1,
+        "materialized and leased by one transaction"
+    );
+    assert_eq!(ws.ack(&d).await["type"], "ack");
+    app.assert_invariants().await;
+}

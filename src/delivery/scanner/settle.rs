@@ -1,0 +1,85 @@
+//! How the scanner learns what a claim did: the session may claim again,
+//! the subscription's known rows and backlog window, and entries a claim
+//! left below the head (delivery-model.md §5, decisions 0062, 0064).
+
+use actix::prelude::*;
+
+use super::{ClaimSettled, ScannerActor};
+
+impl Handler<ClaimSettled> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
+        let behind = msg.behind_head;
+        let subscription_id = msg.subscription_id.clone();
+        self.claim_settled(msg, ctx);
+        // Entries still wait below the head (the claim found enough
+        // PENDING rows, or its batch was full): the next round materializes
+        // them, or leaves them to the next claim of a session still waiting.
+        if behind
+            && let Some(sub) = self.subscriptions.get_mut(&subscription_id)
+            && !sub.window_full
+        {
+            sub.dirty = true;
+            self.kick(ctx);
+        }
+    }
+}
+
+impl ScannerActor {
+    fn claim_settled(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
+        if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
+            sub.wanted_in_flight = sub
+                .wanted_in_flight
+                .saturating_sub(u64::from(msg.requested));
+            if let Some(m) = msg.materialized {
+                sub.caught_up = m.caught_up;
+                sub.window_full = m.window_full;
+                sub.refill_in = m.refill_after;
+            }
+
+            if msg.refused || msg.failed {
+                // The rows it would have taken were not: the next round
+                // asks every session with room again.
+                sub.known_available = None;
+            }
+        }
+        let Some(entry) = self.sessions.get_mut(&msg.session_id) else {
+            return;
+        };
+        entry.claiming = false;
+        if msg.refused || msg.failed {
+            // Retried on a later round (the timer), never in a tight loop.
+            return;
+        }
+        if msg.leased > 0 {
+            // The connection reports its new room once it has queued these
+            // deliveries (protocol.md §3: room in both its capacity and its
+            // write queue); until then it has none.
+            entry.room = 0;
+        }
+        if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
+            if msg.exhausted && sub.window_full {
+                // Nothing left to claim below a full window: refill now
+                // (once: if it inserts nothing, claims stop as below).
+                sub.window_full = false;
+                sub.dirty = true;
+                if sub.generation == entry.claim_generation {
+                    sub.maybe_pending = false;
+                    sub.known_available = Some(0);
+                }
+                self.kick(ctx);
+            } else if msg.exhausted && sub.generation == entry.claim_generation {
+                sub.maybe_pending = false;
+                sub.known_available = Some(0);
+            } else if msg.leased > 0 || msg.exhausted {
+                // Not exhausted, or rows appeared (a materialization here, a
+                // wake from another node) while this claim ran: look again.
+                if !msg.exhausted {
+                    sub.known_available = None;
+                }
+                self.kick(ctx);
+            }
+        }
+    }
+}
