@@ -52,6 +52,10 @@ impl Client {
         let http = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
+            // A node closes a keep-alive connection after 5 s idle; a pooled
+            // connection kept longer can be reused just as the node closes
+            // it, and that request gets no answer. Idle ones go first.
+            .pool_idle_timeout(Duration::from_secs(3))
             .build()
             .map_err(|e| Error::InvalidInput(format!("cannot build the HTTP client: {e}")))?;
         Client::with_http_client(server, token, http)
