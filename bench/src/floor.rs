@@ -4,7 +4,9 @@
 //!
 //! Every delivery is a row that is written three times (materialized,
 //! leased, acknowledged; delivery-model.md §5–6) besides its event in the
-//! log and the audit record of its ACK. This command writes exactly those
+//! log; the ACK is recorded on the row (§2, no audit record per ACK), and
+//! ids are insert-ordered as the node's are (decision 0079). This command
+//! writes exactly those
 //! rows into a database migrated by `orbit-events migrate` (the real
 //! schema and indexes), `batch` deliveries per transaction, with
 //! everything else left out: no reads (the claim's candidate query, the
@@ -148,9 +150,12 @@ impl Floor {
     }
 }
 
-/// A random 32-hex-digit id, like the service's.
+/// A 32-hex-digit insert-ordered id, like the service's (decision 0079):
+/// the time in milliseconds first, then random digits.
 fn id() -> String {
-    format!("{}{}", random_suffix(), random_suffix())
+    let ms = now_us() / 1000;
+    let random = format!("{}{}", random_suffix(), random_suffix());
+    format!("{ms:012x}{}", &random[..20])
 }
 
 /// One batch: `(event id, delivery id, sequence)` per delivery.
@@ -181,7 +186,7 @@ enum Part {
     PublishAndMaterialize,
     /// Every delivery leased (one `UPDATE`).
     Lease,
-    /// Every delivery ACKed, `pending_count`, one audit record each.
+    /// Every delivery ACKed (recorded on its row), `pending_count`.
     Ack,
 }
 
@@ -234,7 +239,9 @@ macro_rules! write_parts {
                                 .push_bind(0_i64)
                                 .push_bind(5_i64)
                                 .push_bind(None::<i64>)
-                                .push_bind(b.now);
+                                .push_bind(b.now)
+                                .push_bind(None::<i64>)
+                                .push_bind(None::<String>);
                         });
                         q.build().execute(&mut *c).await?;
                         let mut q: QueryBuilder<$db> =
@@ -268,10 +275,13 @@ macro_rules! write_parts {
                         let mut q: QueryBuilder<$db> = QueryBuilder::new(
                             "UPDATE deliveries SET state = 'ACKED', acknowledged_at = ",
                         );
-                        q.push_bind(b.now).push(
-                            ", revision = revision + 1, lease_until = NULL, \
-                             lease_session_id = NULL WHERE id IN (",
-                        );
+                        q.push_bind(b.now)
+                            .push(", ack_epoch = lease_epoch, ack_session_id = ")
+                            .push_bind(i.session.clone())
+                            .push(
+                                ", revision = revision + 1, lease_until = NULL, \
+                                 lease_session_id = NULL WHERE id IN (",
+                            );
                         let mut ids = q.separated(", ");
                         for (_, delivery, _) in &b.rows {
                             ids.push_bind(delivery.clone());
@@ -282,21 +292,6 @@ macro_rules! write_parts {
                             "UPDATE subscriptions SET pending_count = pending_count - ",
                         );
                         q.push_bind(n).push(" WHERE id = ").push_bind(i.sub.clone());
-                        q.build().execute(&mut *c).await?;
-                        let mut q: QueryBuilder<$db> =
-                            QueryBuilder::new("INSERT INTO audit_records ");
-                        q.push_values(&b.rows, |mut r, (_, delivery, _)| {
-                            r.push_bind(id())
-                                .push_bind(i.ns.clone())
-                                .push_bind(i.cred.clone())
-                                .push_bind("delivery.ack")
-                                .push_bind(delivery.clone())
-                                .push_bind(None::<String>)
-                                .push_bind(2_i64)
-                                .push_bind(3_i64)
-                                .push_bind(b.now)
-                                .push_bind(b.now);
-                        });
                         q.build().execute(&mut *c).await?;
                     }
                 }

@@ -39,7 +39,7 @@ enum Command {
     /// RSS of an orbit-events node with 0 and then N idle bound sessions.
     Idle(IdleArgs),
     /// The data model's ceiling: only the rows a delivery writes (event,
-    /// delivery materialized, leased, ACKed, audit record), B per
+    /// delivery materialized, leased, ACKed on its row), B per
     /// transaction, with no service in between (see docs/performance.md).
     Floor(FloorArgs),
     /// The disk's durable-write latency: 4 KiB appends, each followed by
