@@ -18,7 +18,7 @@ use crate::{
         CredentialId, DeliveryId, DeliveryState, EventId, LeaseSecret, SessionId, SubscriptionId,
         Timestamp, now,
     },
-    store::{Database, lock_for_update, writer::batch_or_each},
+    store::{Database, lock_for_update, state_is, writer::batch_or_each},
 };
 
 /// A lease proof as presented by a consumer.
@@ -326,7 +326,7 @@ async fn write_acks_in(
             Expr::value(Option::<String>::None),
         )
         .filter(at_epoch)
-        .filter(delivery::Column::State.ne(DeliveryState::Acked))
+        .filter(state_is(DeliveryState::Acked).not())
         .exec_with_returning(txn)
         .await?;
     if acked.is_empty() {

@@ -434,7 +434,7 @@ async fn lease_rows<C: ConnectionTrait>(
                 .into(),
         )
         .filter(delivery::Column::Id.is_in(assignment.iter().map(|(id, _)| *id)))
-        .filter(delivery::Column::State.eq(DeliveryState::Pending))
+        .filter(state_is(DeliveryState::Pending))
         .exec_with_returning(txn)
         .await?;
     rows.into_iter()

@@ -522,6 +522,38 @@ mod tests {
         assert!(!writer.commit(), "the writer lost: write nothing of it");
     }
 
+    /// Decision 0080: without the planner stability guarantee SQLite parses
+    /// and plans a statement again each time a new value is bound to its
+    /// `LIMIT ?`, which sea-orm binds in every `one()` and `limit(n)`.
+    #[tokio::test]
+    async fn sqlite_plans_statements_once_whatever_their_limit_binds() {
+        use sea_orm::{ConnectionTrait, Statement};
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
+        let db = Database::connect(&DatabaseSettings {
+            url,
+            max_connections: 2,
+        })
+        .await
+        .unwrap();
+        for conn in [db.writer.connection(), &db.read] {
+            let options: Vec<String> = conn
+                .query_all_raw(Statement::from_string(
+                    DbBackend::Sqlite,
+                    "PRAGMA compile_options",
+                ))
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.try_get_by_index::<String>(0).unwrap())
+                .collect();
+            assert!(
+                options.iter().any(|o| o == "ENABLE_QPSG"),
+                "SQLite was built without SQLITE_ENABLE_QPSG (.cargo/config.toml): {options:?}"
+            );
+        }
+    }
+
     #[test]
     fn sqlite_paths() {
         assert_eq!(

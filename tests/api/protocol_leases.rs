@@ -120,6 +120,36 @@ async fn an_expired_lease_is_recovered_by_the_next_claim_and_offered_again_with_
     app.assert_invariants().await;
 }
 
+/// The connection forgets each lapsed lease at its own deadline (one timer,
+/// set again for the next deadline), so every one gives its room back.
+#[actix_web::test]
+async fn each_lapsed_lease_of_a_connection_gives_its_room_back_at_its_own_deadline() {
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 1_000, 2).await;
+    publish_one(&app, &cred, "task.succeeded").await;
+    let a = ws.delivery().await;
+    publish_one(&app, &cred, "task.succeeded").await;
+    let b = ws.delivery().await;
+    let lease_until = |d: &Value| {
+        orbit_events::domain::Timestamp::parse_rfc3339(
+            d["body"]["delivery"]["lease_until"].as_str().unwrap(),
+        )
+        .unwrap()
+        .micros()
+    };
+    assert!(lease_until(&b) > lease_until(&a));
+    // Neither is ACKed: both come back, each once its own lease lapsed.
+    let mut again = vec![ws.delivery().await, ws.delivery().await];
+    again.sort_by_key(lease_until);
+    assert_eq!(delivery_id(&again[0]), delivery_id(&a));
+    assert_eq!(delivery_id(&again[1]), delivery_id(&b));
+    for d in &again {
+        assert_eq!(d["body"]["delivery"]["lease_epoch"], "2", "{d:#}");
+        let ok = ws.ack(d).await;
+        assert_eq!(ok["body"]["epoch"], "2", "{ok:#}");
+    }
+    app.assert_invariants().await;
+}
+
 #[actix_web::test]
 async fn a_delivery_that_used_its_attempt_budget_becomes_expired_and_a_late_ack_still_acknowledges_it()
  {

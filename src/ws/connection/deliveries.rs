@@ -73,12 +73,7 @@ impl ConnectionActor {
                             }
                         }),
                 );
-                // Forget leases locally once they lapse, so room comes back.
-                ctx.run_later(lease + Duration::from_millis(1), |act, _| {
-                    let now = Instant::now();
-                    act.held.retain(|_, deadline| *deadline > now);
-                    act.report_demand();
-                });
+                self.arm_lapse_timer(ctx);
             }
             Ok(ClaimOutcome::Paused) => self.report_demand(),
             Ok(ClaimOutcome::HistoryExpired(earliest)) => self.fail(
@@ -110,5 +105,25 @@ impl ConnectionActor {
                 CloseCode::Error,
             ),
         }
+    }
+
+    /// Forgets leases locally once they lapse, so room comes back: one timer
+    /// at the earliest deadline held, set again after it fired while leases
+    /// remain.
+    fn arm_lapse_timer(&mut self, ctx: &mut Context<Self>) {
+        if self.lapse_timer.is_some() {
+            return;
+        }
+        let Some(earliest) = self.held.values().min().copied() else {
+            return;
+        };
+        let wait = earliest.saturating_duration_since(Instant::now()) + Duration::from_millis(1);
+        self.lapse_timer = Some(ctx.run_later(wait, |act, ctx| {
+            act.lapse_timer = None;
+            let now = Instant::now();
+            act.held.retain(|_, deadline| *deadline > now);
+            act.report_demand();
+            act.arm_lapse_timer(ctx);
+        }));
     }
 }

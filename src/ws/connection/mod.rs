@@ -102,6 +102,10 @@ pub struct ConnectionActor {
     last_valid_frame: Instant,
     /// Deliveries this connection holds, with their local lease deadline.
     held: HashMap<DeliveryId, Instant>,
+    /// The one timer that forgets lapsed leases (at the earliest deadline
+    /// in `held`); one per connection, not one per claim, because actix
+    /// polls every pending timer of a context on each of its wakes.
+    lapse_timer: Option<SpawnHandle>,
     last_reported_room: Option<u32>,
     /// Hello, ACK and ping futures running (each holds a read permit).
     in_flight: usize,
@@ -140,6 +144,7 @@ impl ConnectionActor {
             read_permits,
             last_valid_frame: Instant::now(),
             held: HashMap::new(),
+            lapse_timer: None,
             last_reported_room: None,
             in_flight: 0,
             draining: false,
