@@ -1,12 +1,13 @@
 //! protocol.md §4 and delivery-model.md §6 on the wire: lease proofs, late
-//! ACKs, recovery at claim, the attempt budget, and history gaps.
+//! ACKs, recovery at claim, the attempt budget, history gaps, and the order
+//! of first deliveries (delivery-model.md §1.2).
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::{helpers::*, protocol_support::*};
+use crate::{helpers::*, protocol_support::*, retention::create_sub};
 
 fn delivery_id(d: &Value) -> &str {
     d["body"]["delivery"]["id"].as_str().unwrap()
@@ -288,4 +289,45 @@ async fn purge_through(app: &TestApp, cred: &Cred, floor: u64) {
         ),
     )
     .await;
+}
+
+/// delivery-model.md §1.2: first deliveries of a subscription are offered
+/// in sequence order, through a full window (`max_pending` 5, capacity 3)
+/// refilled by claims and by the scanner as ACKs come.
+#[actix_web::test]
+async fn first_deliveries_are_offered_in_sequence_order_through_a_full_window_and_its_refills() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let s = create_sub(&app, &cred, json!({ "max_pending": 5 })).await;
+    let mut ws = app.bind(&cred.token, &s, 3).await;
+    let results = (0..12)
+        .map(|_| result(&cred.queue_id, "task.succeeded"))
+        .collect();
+    let published = app.publish(&cred, results).await;
+    let mut offered = Vec::new();
+    while offered.len() < published.len() {
+        // Take what the session holds, then ACK it all: the next claim
+        // wants 3 while fewer PENDING rows are left.
+        let mut held = vec![ws.delivery().await];
+        while held.len() < 3
+            && let Some(d) = ws
+                .delivery_within(std::time::Duration::from_millis(300))
+                .await
+        {
+            held.push(d);
+        }
+        for d in &held {
+            offered.push(
+                d["body"]["event"]["sequence"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap(),
+            );
+            ws.ack(d).await;
+        }
+    }
+    let sequences: Vec<u64> = published.iter().map(|(_, seq)| *seq).collect();
+    assert_eq!(offered, sequences);
+    app.assert_invariants().await;
 }
