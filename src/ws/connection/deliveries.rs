@@ -52,9 +52,8 @@ impl ConnectionActor {
                 let timeout = self.state.settings.timing.write_timeout();
                 let fut = async move {
                     for text in texts {
-                        match tokio::time::timeout(timeout, tx.send(Outbound::Text(text))).await {
-                            Ok(Ok(())) => {}
-                            _ => return false,
+                        if !socket::queue_text(&tx, text, timeout).await {
+                            return false;
                         }
                     }
                     true

@@ -244,10 +244,7 @@ impl ConnectionActor {
             };
             // The reply leaves only after the commit; waiting for room here
             // holds the read permit, which is the backpressure.
-            let queued = matches!(
-                tokio::time::timeout(timeout, tx.send(Outbound::Text(text))).await,
-                Ok(Ok(()))
-            );
+            let queued = socket::queue_text(&tx, text, timeout).await;
             drop(permit);
             (outcome, queued)
         };
@@ -336,10 +333,7 @@ impl ConnectionActor {
                         enabled: *enabled,
                     },
                 );
-                queued = matches!(
-                    tokio::time::timeout(timeout, tx.send(Outbound::Text(text))).await,
-                    Ok(Ok(()))
-                );
+                queued = socket::queue_text(&tx, text, timeout).await;
             }
             drop(permit);
             (result, queued)

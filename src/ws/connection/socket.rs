@@ -26,6 +26,20 @@ pub(super) enum Outbound {
     Close(CloseCode, String),
 }
 
+/// Queues `text` for the writer task, waiting at most `timeout` for room
+/// (the backpressure of a reply or a delivery). False: the queue stayed
+/// full that long or the writer task is gone; the connection should close.
+pub(super) async fn queue_text(
+    tx: &mpsc::Sender<Outbound>,
+    text: String,
+    timeout: std::time::Duration,
+) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, tx.send(Outbound::Text(text))).await,
+        Ok(Ok(()))
+    )
+}
+
 impl ConnectionActor {
     pub(super) fn start_writer(
         &self,
