@@ -121,32 +121,86 @@ async fn an_expired_lease_is_recovered_by_the_next_claim_and_offered_again_with_
     app.assert_invariants().await;
 }
 
-/// The connection forgets each lapsed lease at its own deadline (one timer,
-/// set again for the next deadline), so every one gives its room back.
+/// `lease_until` of a delivery frame, in µs.
+fn lease_until(d: &Value) -> i64 {
+    orbit_events::domain::Timestamp::parse_rfc3339(
+        d["body"]["delivery"]["lease_until"].as_str().unwrap(),
+    )
+    .unwrap()
+    .micros()
+}
+
+/// Waits until the clock is `before` µs short of `until`.
+async fn wait_until_short_of(until: i64, before: i64) {
+    wait_until("the lease is partly spent", || async move {
+        orbit_events::domain::now().micros() >= until - before
+    })
+    .await;
+}
+
+/// The connection forgets each lapsed lease at its own deadline (one timer
+/// at the earliest, set again for the next), so each gives its room back
+/// then. Three leases a second apart fill the capacity and none is ACKed:
+/// each comes back before the next one lapsed.
 #[actix_web::test]
 async fn each_lapsed_lease_of_a_connection_gives_its_room_back_at_its_own_deadline() {
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 3_000, 3).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        if let Some(last) = held.last() {
+            wait_until_short_of(lease_until(last), 2_000_000).await;
+        }
+        publish_one(&app, &cred, "task.succeeded").await;
+        held.push(ws.delivery().await);
+    }
+    // Nothing is ACKed until all came back: each one's room comes back
+    // only when the connection forgets its lapsed lease.
+    let mut again = Vec::new();
+    for (i, d) in held.iter().enumerate() {
+        let back = ws.delivery().await;
+        let came_back_at = orbit_events::domain::now().micros();
+        assert_eq!(delivery_id(&back), delivery_id(d), "lease {i}");
+        assert_eq!(back["body"]["delivery"]["lease_epoch"], "2", "{back:#}");
+        if let Some(next) = held.get(i + 1) {
+            assert!(
+                came_back_at < lease_until(next),
+                "lease {i} came back only after lease {} lapsed",
+                i + 1
+            );
+        }
+        again.push(back);
+    }
+    for d in &again {
+        let ok = ws.ack(d).await;
+        assert_eq!(ok["body"]["epoch"], "2", "{ok:#}");
+    }
+    app.assert_invariants().await;
+}
+
+/// When the earliest lease was ACKed, the timer set for it finds nothing
+/// lapsed and is set again for the next one: with the capacity full again
+/// (a third delivery), the second lease still gives its room back when it
+/// lapses, and comes back.
+#[actix_web::test]
+async fn a_connection_whose_earliest_lease_was_acked_still_forgets_its_later_lease_when_it_lapses()
+{
     let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 1_000, 2).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let a = ws.delivery().await;
+    wait_until_short_of(lease_until(&a), 500_000).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let b = ws.delivery().await;
-    let lease_until = |d: &Value| {
-        orbit_events::domain::Timestamp::parse_rfc3339(
-            d["body"]["delivery"]["lease_until"].as_str().unwrap(),
-        )
-        .unwrap()
-        .micros()
-    };
-    assert!(lease_until(&b) > lease_until(&a));
-    // Neither is ACKed: both come back, each once its own lease lapsed.
-    let mut again = vec![ws.delivery().await, ws.delivery().await];
-    again.sort_by_key(lease_until);
-    assert_eq!(delivery_id(&again[0]), delivery_id(&a));
-    assert_eq!(delivery_id(&again[1]), delivery_id(&b));
-    for d in &again {
-        assert_eq!(d["body"]["delivery"]["lease_epoch"], "2", "{d:#}");
-        let ok = ws.ack(d).await;
-        assert_eq!(ok["body"]["epoch"], "2", "{ok:#}");
+    let ok = ws.ack(&a).await;
+    assert_eq!(ok["body"]["epoch"], "1", "{ok:#}");
+    publish_one(&app, &cred, "task.succeeded").await;
+    let c = ws.delivery().await;
+    // Held: b and c, the capacity. b's room comes back only when the
+    // connection forgets it.
+    let again = ws.delivery().await;
+    assert_eq!(delivery_id(&again), delivery_id(&b));
+    assert_eq!(again["body"]["delivery"]["lease_epoch"], "2");
+    for d in [&again, &c] {
+        ws.ack(d).await;
     }
     app.assert_invariants().await;
 }
