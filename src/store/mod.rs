@@ -526,7 +526,7 @@ mod tests {
     /// and plans a statement again each time a new value is bound to its
     /// `LIMIT ?`, which sea-orm binds in every `one()` and `limit(n)`.
     #[tokio::test]
-    async fn sqlite_plans_statements_once_whatever_their_limit_binds() {
+    async fn sqlite_is_built_with_the_planner_stability_guarantee() {
         use sea_orm::{ConnectionTrait, Statement};
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
