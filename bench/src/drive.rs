@@ -14,7 +14,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use tokio::sync::{Semaphore, watch};
+use tokio::{
+    sync::{Semaphore, watch},
+    task::JoinHandle,
+};
 
 /// What every target runs.
 #[derive(Debug, Clone)]
@@ -227,6 +230,47 @@ impl Samples {
         }
         out
     }
+
+    /// Waits for one fetch's ACKs (each answers its round trip in µs once
+    /// the server confirmed it): samples and counts each; the first failed
+    /// ACK is the error.
+    pub async fn confirm_acks<F>(&mut self, acks: Vec<F>, tracker: &Tracker) -> Result<()>
+    where
+        F: Future<Output = Result<u64>>,
+    {
+        for rtt in futures_util::future::join_all(acks).await {
+            self.ack_rtt_us.push(rtt?);
+            tracker.acked();
+        }
+        Ok(())
+    }
+}
+
+/// Runs one consumer as a task; its error fails the run (with the reason).
+pub fn spawn_consumer<F>(tracker: &Arc<Tracker>, consume: F) -> JoinHandle<Result<Samples>>
+where
+    F: Future<Output = Result<Samples>> + Send + 'static,
+{
+    let tracker = tracker.clone();
+    tokio::spawn(async move {
+        let r = consume.await;
+        if let Err(e) = &r {
+            tracker.fail(format!("consumer failed: {e:#}"));
+        }
+        r
+    })
+}
+
+/// The merged samples of the consumers that ended well (one that failed
+/// already failed the run).
+pub async fn collect_samples(consumers: Vec<JoinHandle<Result<Samples>>>) -> Samples {
+    let mut all = Vec::with_capacity(consumers.len());
+    for c in consumers {
+        if let Ok(Ok(s)) = c.await {
+            all.push(s);
+        }
+    }
+    Samples::merge(all)
 }
 
 /// Resident set size of process `pid` in KiB (`VmRSS`, or `VmHWM` for the

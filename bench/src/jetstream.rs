@@ -88,10 +88,7 @@ async fn consume(consumer: PullConsumer, capacity: u32, tracker: Arc<Tracker>) -
                 Ok::<_, anyhow::Error>(sent.elapsed().as_micros() as u64)
             });
         }
-        for rtt in futures_util::future::join_all(acks).await {
-            samples.ack_rtt_us.push(rtt?);
-            tracker.acked();
-        }
+        samples.confirm_acks(acks, &tracker).await?;
     }
     Ok(samples)
 }
@@ -146,15 +143,7 @@ pub async fn run_once(opts: &NatsOptions, w: &Workload, label: &str) -> Result<R
     let tasks: Vec<_> = consumers
         .into_iter()
         .map(|consumer| {
-            let tracker = tracker.clone();
-            let capacity = w.capacity;
-            tokio::spawn(async move {
-                let r = consume(consumer, capacity, tracker.clone()).await;
-                if let Err(e) = &r {
-                    tracker.fail(format!("consumer failed: {e:#}"));
-                }
-                r
-            })
+            drive::spawn_consumer(&tracker, consume(consumer, w.capacity, tracker.clone()))
         })
         .collect();
     let publisher = NatsPublisher {
@@ -163,14 +152,8 @@ pub async fn run_once(opts: &NatsOptions, w: &Workload, label: &str) -> Result<R
     };
     let started = drive::start_publishing(w, publisher, tracker.clone());
     let finished = tracker.finished(w.timeout).await;
-    let mut all = Vec::new();
-    for task in tasks {
-        if let Ok(Ok(s)) = task.await {
-            all.push(s);
-        }
-    }
+    let samples = drive::collect_samples(tasks).await;
     let finished = finished?;
-    let samples = Samples::merge(all);
     Ok(RunResult {
         acked: tracker.count(),
         elapsed: finished - started,

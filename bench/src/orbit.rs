@@ -664,16 +664,7 @@ async fn run_on(node: &Node, w: &Workload, label: &str) -> Result<RunResult> {
     let tracker = Tracker::new(w.deliveries(), label);
     let consumers: Vec<_> = sockets
         .into_iter()
-        .map(|(ws, session)| {
-            let tracker = tracker.clone();
-            tokio::spawn(async move {
-                let r = consume(ws, session, tracker.clone()).await;
-                if let Err(e) = &r {
-                    tracker.fail(format!("consumer failed: {e:#}"));
-                }
-                r
-            })
-        })
+        .map(|(ws, session)| drive::spawn_consumer(&tracker, consume(ws, session, tracker.clone())))
         .collect();
     let publisher = OrbitPublisher {
         client: node.client()?,
@@ -695,14 +686,8 @@ async fn run_on(node: &Node, w: &Workload, label: &str) -> Result<RunResult> {
             (b - a) / acked * 1000.0
         );
     }
-    let mut all = Vec::new();
-    for c in consumers {
-        if let Ok(Ok(s)) = c.await {
-            all.push(s);
-        }
-    }
+    let samples = drive::collect_samples(consumers).await;
     let finished = finished?;
-    let samples = Samples::merge(all);
     Ok(RunResult {
         acked: tracker.count(),
         elapsed: finished - started,

@@ -115,10 +115,7 @@ async fn consume(
                 });
             }
         }
-        for rtt in futures_util::future::join_all(acks).await {
-            samples.ack_rtt_us.push(rtt?);
-            tracker.acked();
-        }
+        samples.confirm_acks(acks, &tracker).await?;
     }
     Ok(samples)
 }
@@ -158,16 +155,9 @@ pub async fn run_once(opts: &RedisOptions, w: &Workload, label: &str) -> Result<
         .into_iter()
         .enumerate()
         .map(|(i, con)| {
-            let tracker = tracker.clone();
             let group = format!("g{}", i % w.subscriptions);
-            let capacity = w.capacity;
-            tokio::spawn(async move {
-                let r = consume(con, group, format!("c{i}"), capacity, tracker.clone()).await;
-                if let Err(e) = &r {
-                    tracker.fail(format!("consumer failed: {e:#}"));
-                }
-                r
-            })
+            let consumer = consume(con, group, format!("c{i}"), w.capacity, tracker.clone());
+            drive::spawn_consumer(&tracker, consumer)
         })
         .collect();
     let publisher = RedisPublisher {
@@ -176,14 +166,8 @@ pub async fn run_once(opts: &RedisOptions, w: &Workload, label: &str) -> Result<
     };
     let started = drive::start_publishing(w, publisher, tracker.clone());
     let finished = tracker.finished(w.timeout).await;
-    let mut all = Vec::new();
-    for c in consumers {
-        if let Ok(Ok(s)) = c.await {
-            all.push(s);
-        }
-    }
+    let samples = drive::collect_samples(consumers).await;
     let finished = finished?;
-    let samples = Samples::merge(all);
     let rss_kib = used_memory_rss_kib(&mut admin).await;
     Ok(RunResult {
         acked: tracker.count(),

@@ -305,17 +305,9 @@ async fn run_on(db: &Arc<Database>, w: &Workload, label: &str) -> Result<RunResu
     let mut consumers = Vec::with_capacity(w.consumers);
     for i in 0..w.consumers {
         let conn = db.connect().await?;
-        let tracker = tracker.clone();
-        let wake = wake.clone();
         let sub = (i % w.subscriptions) as i32;
-        let capacity = w.capacity;
-        consumers.push(tokio::spawn(async move {
-            let r = consume(conn, sub, capacity, wake, tracker.clone()).await;
-            if let Err(e) = &r {
-                tracker.fail(format!("consumer failed: {e:#}"));
-            }
-            r
-        }));
+        let consumer = consume(conn, sub, w.capacity, wake.clone(), tracker.clone());
+        consumers.push(drive::spawn_consumer(&tracker, consumer));
     }
     let publisher = QueuePublisher {
         conns: Arc::new(tokio::sync::Mutex::new(Vec::new())),
@@ -326,14 +318,8 @@ async fn run_on(db: &Arc<Database>, w: &Workload, label: &str) -> Result<RunResu
     };
     let started = drive::start_publishing(w, publisher, tracker.clone());
     let finished = tracker.finished(w.timeout).await;
-    let mut all = Vec::new();
-    for c in consumers {
-        if let Ok(Ok(s)) = c.await {
-            all.push(s);
-        }
-    }
+    let samples = drive::collect_samples(consumers).await;
     let finished = finished?;
-    let samples = Samples::merge(all);
     Ok(RunResult {
         acked: tracker.count(),
         elapsed: finished - started,
