@@ -15,6 +15,18 @@ const RETRY: &str = "/v1/subscriptions/{id}/deliveries/{delivery_id}:retry";
 const LIST: &str = "/v1/subscriptions/{id}/deliveries";
 const DETAIL: &str = "/v1/subscriptions/{id}/deliveries/{delivery_id}";
 
+/// `GET` of one delivery's detail, checked against the OpenAPI document.
+async fn get_detail(app: &TestApp, token: &str, sub_id: &str, id: &str) -> Resp {
+    let res = app
+        .get(
+            &format!("/v1/subscriptions/{sub_id}/deliveries/{id}"),
+            token,
+        )
+        .await;
+    assert_conforms("GET", DETAIL, &res);
+    res
+}
+
 /// A subscription with four deliveries: 1 ACKED, 1 LEASED (held by the
 /// returned session, capacity 1) and 2 PENDING. Returns the subscription
 /// id, the session and the `event.deliver` frame of the LEASED one.
@@ -124,14 +136,8 @@ async fn an_acked_delivery_shows_when_with_which_epoch_and_on_which_session_it_w
     let reply = ws.ack(&d).await;
     assert_eq!(reply["type"], "ack", "{reply:#}");
     let id = d["body"]["delivery"]["id"].as_str().unwrap();
-    let res = app
-        .get(
-            &format!("/v1/subscriptions/{sub_id}/deliveries/{id}"),
-            &cred.token,
-        )
-        .await;
+    let res = get_detail(&app, &cred.token, sub_id, id).await;
     assert_eq!(res.status, 200);
-    assert_conforms("GET", DETAIL, &res);
     let delivery = &res.data()["delivery"];
     assert_eq!(delivery["state"], "ACKED");
     assert_eq!(
@@ -194,14 +200,8 @@ async fn the_delivery_detail_has_the_delivery_and_its_event_and_never_a_lease_se
     let delivery = &leased["body"]["delivery"];
     let secret = leased["body"]["lease_secret"].as_str().unwrap();
     let id = delivery["id"].as_str().unwrap();
-    let res = app
-        .get(
-            &format!("/v1/subscriptions/{sub_id}/deliveries/{id}"),
-            &cred.token,
-        )
-        .await;
+    let res = get_detail(&app, &cred.token, &sub_id, id).await;
     assert_eq!(res.status, 200);
-    assert_conforms("GET", DETAIL, &res);
     assert_eq!(&res.data()["delivery"], delivery);
     assert_eq!(res.data()["event"], leased["body"]["event"]);
     // Neither the secret nor its digest appear in any HTTP answer.
@@ -228,14 +228,8 @@ async fn a_delivery_of_another_subscription_is_404_even_though_it_exists() {
     let id = leased["body"]["delivery"]["id"].as_str().unwrap();
     let mine_too = app.subscribe(&cred, json!({})).await;
     let other = mine_too["id"].as_str().unwrap();
-    let res = app
-        .get(
-            &format!("/v1/subscriptions/{other}/deliveries/{id}"),
-            &cred.token,
-        )
-        .await;
+    let res = get_detail(&app, &cred.token, other, id).await;
     res.assert_error(404, "NOT_FOUND");
-    assert_conforms("GET", DETAIL, &res);
     let res = app
         .post(
             &retry_path(other, id),
