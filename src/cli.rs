@@ -3,7 +3,9 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
-use orbit_events_client::cli::{self as admin, DeliveriesArgs, SubscriptionsArgs};
+use orbit_events_client::cli::{
+    self as admin, DeliveriesArgs, PublishArgs, QueuesArgs, SubscriptionsArgs,
+};
 
 use crate::{
     config::{Settings, redact_url},
@@ -65,9 +67,25 @@ pub enum Command {
     /// List, show, create, pause and resume subscriptions on a running
     /// node, over its HTTP API (token in ORBIT_EVENTS_TOKEN).
     Subscriptions(SubscriptionsArgs),
-    /// List and show a subscription's deliveries and re-arm expired ones,
-    /// on a running node over its HTTP API (token in ORBIT_EVENTS_TOKEN).
+    /// List and show a subscription's deliveries, their history, and re-arm
+    /// expired ones, on a running node over its HTTP API (token in
+    /// ORBIT_EVENTS_TOKEN).
     Deliveries(DeliveriesArgs),
+    /// List the queues of the credential's scope, on a running node over
+    /// its HTTP API (token in ORBIT_EVENTS_TOKEN).
+    Queues(QueuesArgs),
+    /// Publish one task result to a queue, on a running node over its HTTP
+    /// API (token with results:publish in ORBIT_EVENTS_TOKEN).
+    Publish(PublishArgs),
+}
+
+/// How `bootstrap` prints the new credential.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BootstrapFormat {
+    /// One JSON object.
+    Json,
+    /// Shell `export` lines (ORBIT_EVENTS_TOKEN and the ids), for `eval`.
+    Env,
 }
 
 #[derive(Debug, Args)]
@@ -90,6 +108,10 @@ pub struct BootstrapArgs {
     /// Grant results:publish (appending task results to the queue).
     #[arg(long)]
     pub publish_access: bool,
+    /// Output: `json` (one object) or `env` (shell `export` lines, e.g.
+    /// `eval "$(orbit-events bootstrap … --format env)"`).
+    #[arg(long, value_name = "FORMAT", default_value = "json")]
+    pub format: BootstrapFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +145,8 @@ pub async fn run(cli: Cli) -> ExitCode {
             .await
             .map_err(|e| e.to_string()),
         Command::Deliveries(args) => admin::run_deliveries(args).await.map_err(|e| e.to_string()),
+        Command::Queues(args) => admin::run_queues(args).await.map_err(|e| e.to_string()),
+        Command::Publish(args) => admin::run_publish(args).await.map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -222,8 +246,25 @@ async fn bootstrap(args: BootstrapArgs) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("bootstrap failed: {e}"))?;
-    let json = serde_json::to_string(&out).map_err(|e| e.to_string())?;
-    println!("{json}");
+    match args.format {
+        BootstrapFormat::Json => {
+            let json = serde_json::to_string(&out).map_err(|e| e.to_string())?;
+            println!("{json}");
+        }
+        BootstrapFormat::Env => {
+            // Tokens and ids are base64url and hex: nothing to escape
+            // inside single quotes.
+            for (name, value) in [
+                (admin::TOKEN_ENV, &out.token),
+                ("ORBIT_EVENTS_QUEUE_ID", &out.queue_id),
+                ("ORBIT_EVENTS_CREDENTIAL_ID", &out.credential_id),
+                ("ORBIT_EVENTS_NAMESPACE_ID", &out.namespace_id),
+                ("ORBIT_EVENTS_APPLICATION_ID", &out.application_id),
+            ] {
+                println!("export {name}='{value}'");
+            }
+        }
+    }
     // The token works only on nodes of this database: name it, resolved,
     // since the default SQLite path is relative to the working directory.
     tracing::info!("credential created in {}", database_name(&settings));

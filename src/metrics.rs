@@ -216,6 +216,7 @@ pub struct Metrics {
     queue_head: Family<QueueLabels, Gauge>,
     queue_floor: Family<QueueLabels, Gauge>,
     subscription_lag: Family<SubscriptionLabels, Gauge>,
+    subscription_expired: Family<SubscriptionLabels, Gauge>,
     subscription_backlog: Family<SubscriptionLabels, Gauge>,
     subscription_max_pending: Family<SubscriptionLabels, Gauge>,
     subscription_oldest_unacked: Family<SubscriptionLabels, FloatGauge>,
@@ -258,6 +259,7 @@ impl Metrics {
             queue_head: Family::default(),
             queue_floor: Family::default(),
             subscription_lag: Family::default(),
+            subscription_expired: Family::default(),
             subscription_backlog: Family::default(),
             subscription_max_pending: Family::default(),
             subscription_oldest_unacked: Family::default(),
@@ -395,6 +397,11 @@ impl Metrics {
             "subscription_lag",
             "Entries of the log not yet read by the subscription: head - cursor (from the database)",
             self.subscription_lag.clone(),
+        );
+        r.register(
+            "subscription_expired",
+            "EXPIRED deliveries of the subscription, waiting for an admin's retry (from the database)",
+            self.subscription_expired.clone(),
         );
         r.register(
             "subscription_backlog",
@@ -550,6 +557,7 @@ impl Metrics {
             self.queue_floor.get_or_create(&labels).set(q.floor);
         }
         self.subscription_lag.clear();
+        self.subscription_expired.clear();
         self.subscription_backlog.clear();
         self.subscription_max_pending.clear();
         self.subscription_oldest_unacked.clear();
@@ -561,6 +569,9 @@ impl Metrics {
             self.subscription_lag
                 .get_or_create(&labels)
                 .set((s.head - s.cursor).max(0));
+            self.subscription_expired
+                .get_or_create(&labels)
+                .set(s.expired);
             self.subscription_backlog
                 .get_or_create(&labels)
                 .set(s.pending_count);

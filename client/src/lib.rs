@@ -34,7 +34,9 @@ pub use error::{ApiError, Error, ErrorCode};
 pub use frames::{AckProof, AckReceipt, Delivery, LeaseSecret, Welcome};
 pub use management::{Client, DeliveryFilter, REQUEST_TIMEOUT};
 pub use types::{
-    AppendedEvent, ConfigureSubscription, CreateSubscription, DeliveryDetail, DeliveryResult,
-    DeliveryState, Event, EventDelivery, Health, NewResult, Page, PublishResult, ResultType,
-    RetryDelivery, Snapshot, SnapshotState, Subscription, SubscriptionResult, Time,
+    AppendedEvent, Blocked, BoundSession, ConfigureSubscription, CreateSubscription,
+    DeliveryDetail, DeliveryHistory, DeliveryResult, DeliveryState, DeliveryStep, Event,
+    EventDelivery, Health, LastConfigure, NewResult, OldestUnacked, Page, PublishResult, Queue,
+    QueueList, ResultType, RetryDelivery, RetryExpired, RetryReceipt, Snapshot, SnapshotState,
+    StepKind, Subscription, SubscriptionResult, SubscriptionStatus, Time,
 };

@@ -10,9 +10,10 @@ use crate::{
     credentials::{IdempotencyKey, Token},
     error::{ApiError, Error, ErrorCode},
     types::{
-        ConfigureSubscription, CreateSubscription, DeliveryDetail, DeliveryResult, DeliveryState,
-        EventDelivery, Health, NewResult, Page, PublishResult, PublishResults, RetryDelivery,
-        Subscription, SubscriptionResult,
+        ConfigureSubscription, CreateSubscription, DeliveryDetail, DeliveryHistory, DeliveryResult,
+        DeliveryState, EventDelivery, Health, NewResult, Page, PublishResult, PublishResults,
+        QueueList, RetryDelivery, RetryExpired, RetryReceipt, Subscription, SubscriptionResult,
+        SubscriptionStatus,
     },
 };
 
@@ -181,6 +182,55 @@ impl Client {
             request,
         )
         .await
+    }
+
+    /// `GET /v1/subscriptions/{id}/status` (events:read): position, backlog,
+    /// sessions and why nothing moves (`blocked`, empty when it moves).
+    pub async fn subscription_status(&self, id: &str) -> Result<SubscriptionStatus, Error> {
+        self.read(&["v1", "subscriptions", id, "status"], &[]).await
+    }
+
+    /// `GET .../deliveries/{delivery_id}/history` (events:read): every step
+    /// of the delivery, oldest first.
+    pub async fn delivery_history(
+        &self,
+        subscription_id: &str,
+        delivery_id: &str,
+    ) -> Result<DeliveryHistory, Error> {
+        self.read(
+            &[
+                "v1",
+                "subscriptions",
+                subscription_id,
+                "deliveries",
+                delivery_id,
+                "history",
+            ],
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/subscriptions/{id}/deliveries:retry` (events:manage):
+    /// re-arms the EXPIRED deliveries of a sequence range (a dry run counts
+    /// them only).
+    pub async fn retry_expired(
+        &self,
+        subscription_id: &str,
+        key: &IdempotencyKey,
+        request: &RetryExpired,
+    ) -> Result<RetryReceipt, Error> {
+        self.write(
+            &["v1", "subscriptions", subscription_id, "deliveries:retry"],
+            key,
+            request,
+        )
+        .await
+    }
+
+    /// `GET /v1/queues` (events:read): the queues of the credential's scope.
+    pub async fn list_queues(&self) -> Result<QueueList, Error> {
+        self.read(&["v1", "queues"], &[]).await
     }
 
     /// `POST /v1/queues/{queue_id}/results` (results:publish): appends 1–100

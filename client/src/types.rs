@@ -352,6 +352,209 @@ pub struct Page<T> {
     pub next_cursor: Option<String>,
 }
 
+/// What one step of a delivery's history was (http-api.md "Delivery
+/// history").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum StepKind {
+    Materialized,
+    Leased,
+    LeaseLapsed,
+    AckRefused,
+    SessionClosed,
+    Retried,
+    Acked,
+}
+
+impl StepKind {
+    /// The name as the API writes it (`LEASE_LAPSED`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepKind::Materialized => "MATERIALIZED",
+            StepKind::Leased => "LEASED",
+            StepKind::LeaseLapsed => "LEASE_LAPSED",
+            StepKind::AckRefused => "ACK_REFUSED",
+            StepKind::SessionClosed => "SESSION_CLOSED",
+            StepKind::Retried => "RETRIED",
+            StepKind::Acked => "ACKED",
+        }
+    }
+}
+
+/// One step of a delivery's history; fields that do not apply to the step
+/// are absent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliveryStep {
+    pub step: StepKind,
+    pub at: Time,
+    /// The lease's epoch (ACK_REFUSED: the epoch offered), decimal string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leased_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until: Option<Time>,
+    /// LEASE_LAPSED: PENDING or EXPIRED; RETRIED: PENDING.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<DeliveryState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_budget: Option<u32>,
+    /// SESSION_CLOSED: the WebSocket close code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_code: Option<u16>,
+    /// SESSION_CLOSED: the close reason; RETRIED: the admin's reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// RETRIED: who retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub additional_attempts: Option<u32>,
+}
+
+/// `data` of a delivery's history: oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliveryHistory {
+    pub items: Vec<DeliveryStep>,
+}
+
+/// `data` of `GET /v1/subscriptions/{id}/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionStatus {
+    pub subscription_id: String,
+    pub queue_id: String,
+    #[serde(with = "u64_string")]
+    pub head_sequence: u64,
+    #[serde(with = "u64_string")]
+    pub retention_floor: u64,
+    #[serde(with = "u64_string")]
+    pub cursor_sequence: u64,
+    /// Results after the cursor.
+    #[serde(with = "u64_string")]
+    pub lag: u64,
+    pub enabled: bool,
+    pub pending: u64,
+    pub leased: u64,
+    pub expired: u64,
+    pub pending_count: u64,
+    pub max_pending: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_unacked: Option<OldestUnacked>,
+    pub sessions: Vec<BoundSession>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_configure: Option<LastConfigure>,
+    /// Why nothing moves; empty when it moves.
+    pub blocked: Vec<Blocked>,
+}
+
+/// The non-ACKED delivery with the lowest sequence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OldestUnacked {
+    pub delivery_id: String,
+    #[serde(with = "u64_string")]
+    pub sequence: u64,
+    pub state: DeliveryState,
+    pub created_at: Time,
+    pub age_seconds: f64,
+}
+
+/// A session bound to the subscription.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BoundSession {
+    pub session_id: String,
+    pub node_id: String,
+    pub capacity: u32,
+    /// Live leases it holds.
+    pub held: u64,
+    pub opened_at: Time,
+}
+
+/// The latest pause or resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastConfigure {
+    #[serde(with = "u64_string")]
+    pub revision: u64,
+    pub enabled: bool,
+    pub reason: String,
+    pub credential_id: String,
+    pub at: Time,
+}
+
+/// One reason a subscription does not move.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Blocked {
+    /// `PAUSED`, `BACKLOG_FULL`, `HISTORY_EXPIRED`, `NO_CONSUMER` or
+    /// `EXPIRED_DELIVERIES`.
+    pub code: String,
+    pub message: String,
+    /// HISTORY_EXPIRED: the earliest sequence still in the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest_sequence: Option<String>,
+}
+
+/// Body of `POST /v1/subscriptions/{id}/deliveries:retry`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RetryExpired {
+    /// Kept in the audit record; 1–1024 characters.
+    pub reason: String,
+    /// 1–100, added to each delivery's budget.
+    pub additional_attempts: u32,
+    /// Inclusive sequence bounds.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "u64_string::serialize_option"
+    )]
+    pub from_sequence: Option<u64>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "u64_string::serialize_option"
+    )]
+    pub to_sequence: Option<u64>,
+    /// 1–10000 deliveries, lowest sequence first.
+    pub limit: u32,
+    /// Count only; change nothing.
+    pub dry_run: bool,
+    /// Spread the re-armed deliveries over this many ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread_ms: Option<u32>,
+}
+
+/// `data` of a bulk retry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetryReceipt {
+    pub matched: u64,
+    pub retried: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_sequence: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sequence: Option<String>,
+    pub dry_run: bool,
+    pub deduplicated: bool,
+}
+
+/// A queue of the credential's scope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Queue {
+    pub id: String,
+    pub name: String,
+    #[serde(with = "u64_string")]
+    pub head_sequence: u64,
+    #[serde(with = "u64_string")]
+    pub retention_floor: u64,
+}
+
+/// `data` of `GET /v1/queues`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueList {
+    pub items: Vec<Queue>,
+}
+
 /// `data` of `/healthz` and `/readyz`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Health {

@@ -17,6 +17,8 @@ pub struct Model {
     pub state: DeliveryState,
     pub available_at: i64,
     pub lease_epoch: i64,
+    /// When the latest lease began; kept after it ends (its history).
+    pub leased_at: Option<i64>,
     pub lease_until: Option<i64>,
     /// Lowercase hex SHA-256 of the latest lease secret; never returned or logged.
     pub lease_digest: Option<String>,

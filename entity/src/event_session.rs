@@ -14,6 +14,10 @@ pub struct Model {
     pub capacity: i32,
     pub opened_at: i64,
     pub closed_at: Option<i64>,
+    /// The WebSocket close code the node sent or saw (1006: the peer went
+    /// away without a close frame).
+    pub close_code: Option<i32>,
+    pub close_reason: Option<String>,
     pub created_at: i64,
 }
 

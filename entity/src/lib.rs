@@ -8,6 +8,7 @@ pub mod application;
 pub mod audit_record;
 pub mod credential;
 pub mod delivery;
+pub mod delivery_history;
 pub mod event_session;
 pub mod idempotency_record;
 pub mod namespace;

@@ -7,6 +7,7 @@ pub mod health;
 pub mod lists;
 pub mod metrics;
 pub mod openapi;
+pub mod queues;
 pub mod request;
 pub mod results;
 pub mod server;
@@ -38,6 +39,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         vec![("GET", web::get().to(ws::upgrade::connect))],
     ))
     .service(resource(
+        "/v1/queues",
+        vec![("GET", web::get().to(queues::list))],
+    ))
+    .service(resource(
         "/v1/queues/{queue_id}/results",
         vec![("POST", web::post().to(results::publish))],
     ))
@@ -59,12 +64,24 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         vec![("POST", web::post().to(subscriptions::configure))],
     ))
     .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}/status",
+        vec![("GET", web::get().to(subscriptions::status))],
+    ))
+    .service(resource(
         "/v1/subscriptions/{id:[^/:]+}/deliveries",
         vec![("GET", web::get().to(deliveries::list))],
     ))
     .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}/deliveries:retry",
+        vec![("POST", web::post().to(deliveries::bulk_retry))],
+    ))
+    .service(resource(
         "/v1/subscriptions/{id:[^/:]+}/deliveries/{delivery_id:[^/:]+}",
         vec![("GET", web::get().to(deliveries::get))],
+    ))
+    .service(resource(
+        "/v1/subscriptions/{id:[^/:]+}/deliveries/{delivery_id:[^/:]+}/history",
+        vec![("GET", web::get().to(deliveries::history))],
     ))
     .service(resource(
         "/v1/subscriptions/{id:[^/:]+}/deliveries/{delivery_id:[^/:]+}:retry",

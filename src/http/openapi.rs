@@ -25,7 +25,7 @@ use utoipa::{
 pub use crate::domain::schema::*;
 use crate::{
     error::ErrorCode,
-    http::{deliveries, health, metrics, results, subscriptions},
+    http::{deliveries, health, metrics, queues, results, subscriptions},
     store::{deliveries::DeliveryView, subscriptions::SubscriptionView},
 };
 
@@ -56,9 +56,13 @@ speaks the `orbit.events.v1` frame protocol, which is described separately.",
         subscriptions::list,
         subscriptions::get,
         subscriptions::configure,
+        subscriptions::status,
         deliveries::list,
         deliveries::get,
+        deliveries::history,
         deliveries::retry,
+        deliveries::bulk_retry,
+        queues::list,
         results::publish,
         health::healthz,
         health::readyz,
@@ -69,6 +73,7 @@ speaks the `orbit.events.v1` frame protocol, which is described separately.",
     tags(
         (name = "subscriptions", description = "Create, list, read and pause/resume subscriptions"),
         (name = "deliveries", description = "Inspect deliveries and re-arm EXPIRED ones"),
+        (name = "queues", description = "The queues of the credential's scope"),
         (name = "results", description = "Append task results to a queue's result log"),
         (name = "health", description = "Liveness, readiness and Prometheus metrics (no authentication)"),
     )

@@ -18,8 +18,10 @@ use crate::{
     },
     state::AppState,
     store::{
+        self,
         idempotency::WriteIdentity,
         list_cursor::ListPosition,
+        status::Status,
         subscriptions::{self, Configure, NewSubscription, SubscriptionView},
     },
     strict_json::non_null,
@@ -352,4 +354,34 @@ pub async fn configure(
         });
     }
     Ok(written.response)
+}
+
+/// `GET /v1/subscriptions/{id}/status` (events:read): the queue's head and
+/// retention floor, the cursor and lag, the backlog by state, the oldest
+/// non-ACKED delivery, the sessions bound on every node, the last pause or
+/// resume, and `blocked`: why nothing moves (empty when it moves).
+/// Read-only, bounded by `max_pending` rows (decision 0081).
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{id}/status",
+    tag = "subscriptions",
+    operation_id = "getSubscriptionStatus",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "Subscription id")),
+    responses(
+        (status = 200, description = "The status", body = Envelope<Status>),
+        (status = 404, description = "Unknown, or not this credential's", body = crate::http::openapi::ErrorEnvelope),
+    )
+)]
+pub async fn status(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    no_query(&req)?;
+    let principal = auth::authenticate(&req, &state.db).await?;
+    principal.require(Permission::EventsRead)?;
+    let model = subscriptions::get_owned(state.db.reader(), &principal, &path).await?;
+    let status = store::status::read(state.db.reader(), &model).await?;
+    Ok(respond(&req, StatusCode::OK, status))
 }

@@ -18,7 +18,7 @@ use crate::{
         CredentialId, DeliveryId, DeliveryState, EventId, LeaseSecret, SessionId, SubscriptionId,
         Timestamp, now,
     },
-    store::{Database, lock_for_update, state_is, writer::batch_or_each},
+    store::{Database, history, lock_for_update, state_is, writer::batch_or_each},
 };
 
 /// A lease proof as presented by a consumer.
@@ -105,6 +105,7 @@ pub async fn acknowledge_batch(
     let mut candidates = Vec::new();
     let mut later = Vec::new();
     let mut taken = HashSet::new();
+    let mut refused: Vec<(usize, delivery::Model)> = Vec::new();
     for (i, request) in requests.iter().enumerate() {
         let id = request.proof.delivery_id.as_str();
         outcomes[i] = match rows.get(id) {
@@ -112,7 +113,10 @@ pub async fn acknowledge_batch(
             Some(row) if row.subscription_id != request.subscription_id.as_str() => {
                 Some(AckOutcome::NotFound)
             }
-            Some(row) if !proof_matches(row, &request.proof) => Some(AckOutcome::LeaseLost),
+            Some(row) if !proof_matches(row, &request.proof) => {
+                refused.push((i, row.clone()));
+                Some(AckOutcome::LeaseLost)
+            }
             Some(row) => match already_acked(row) {
                 Some(outcome) => Some(outcome),
                 None => {
@@ -180,16 +184,49 @@ pub async fn acknowledge_batch(
                         request.proof.delivery_id
                     ))
                 })?;
-            outcomes[i] = Some(match proof_matches(row, &request.proof) {
+            let outcome = match proof_matches(row, &request.proof) {
                 true => already_acked(row).unwrap_or(AckOutcome::LeaseLost),
                 false => AckOutcome::LeaseLost,
-            });
+            };
+            if outcome == AckOutcome::LeaseLost {
+                refused.push((i, row.clone()));
+            }
+            outcomes[i] = Some(outcome);
         }
+    }
+    if !refused.is_empty() {
+        record_refusals(db, requests, &refused).await;
     }
     outcomes
         .into_iter()
         .map(|o| o.ok_or_else(|| StoreError::invariant("an ACK of the batch was not decided")))
         .collect()
+}
+
+/// Records the refused ACKs in the deliveries' history. Best effort: the
+/// refusal is the consumer's answer and is final whatever the history says,
+/// so a database that cannot write now turns no `DELIVERY_LEASE_LOST` into
+/// an error (decision 0081).
+async fn record_refusals(
+    db: &Database,
+    requests: &[AckRequest],
+    refused: &[(usize, delivery::Model)],
+) {
+    let refusals: Vec<history::Refusal<'_>> = refused
+        .iter()
+        .map(|(i, row)| history::Refusal {
+            delivery: row,
+            offered_epoch: requests[*i].proof.epoch,
+            session_id: &requests[*i].session_id,
+        })
+        .collect();
+    let at = now();
+    if let Err(err) = db
+        .write(async |txn| history::record_refusals(txn, &refusals, at).await)
+        .await
+    {
+        crate::store::writer::log_failure(&err, "could not record a refused ACK in its history");
+    }
 }
 
 /// The delivery rows with these ids (one `IN` query on the primary key).
@@ -316,14 +353,6 @@ async fn write_acks_in(
         .col_expr(
             delivery::Column::Revision,
             Expr::col(delivery::Column::Revision).add(1),
-        )
-        .col_expr(
-            delivery::Column::LeaseUntil,
-            Expr::value(Option::<i64>::None),
-        )
-        .col_expr(
-            delivery::Column::LeaseSessionId,
-            Expr::value(Option::<String>::None),
         )
         .filter(at_epoch)
         .filter(state_is(DeliveryState::Acked).not())

@@ -23,40 +23,39 @@ pub struct AuditEntry<'a> {
     pub at: Timestamp,
 }
 
-/// Inserts one audit record inside the caller's transaction.
+/// Inserts one audit record inside the caller's transaction; returns its
+/// id (a delivery's history points at the record of its retry).
 pub async fn record<C: ConnectionTrait>(
     conn: &C,
     actor: &AuditActor,
     entry: AuditEntry<'_>,
-) -> Result<(), StoreError> {
-    record_many(conn, vec![(actor, entry)]).await
+) -> Result<String, StoreError> {
+    let id = ordered_hex_id();
+    record_with_id(conn, &id, actor, entry).await?;
+    Ok(id)
 }
 
-/// Inserts one audit record per entry in one statement, inside the
-/// caller's transaction (an ACK batch: one record per ACK).
-pub async fn record_many<C: ConnectionTrait>(
+/// [`record`] under an id chosen before (a bulk retry's history rows point
+/// at its record before it is written).
+pub async fn record_with_id<C: ConnectionTrait>(
     conn: &C,
-    entries: Vec<(&AuditActor, AuditEntry<'_>)>,
+    id: &str,
+    actor: &AuditActor,
+    entry: AuditEntry<'_>,
 ) -> Result<(), StoreError> {
-    if entries.is_empty() {
-        return Ok(());
-    }
-    let models = entries
-        .into_iter()
-        .map(|(actor, entry)| audit_record::ActiveModel {
-            id: Set(ordered_hex_id()),
-            namespace_id: Set(actor.namespace_id.as_str().to_owned()),
-            credential_id: Set(actor.credential_id.as_str().to_owned()),
-            action: Set(entry.action.to_owned()),
-            target_id: Set(entry.target_id.to_owned()),
-            reason: Set(entry.reason.map(str::to_owned)),
-            before_revision: Set(entry.before_revision),
-            after_revision: Set(entry.after_revision),
-            at: Set(entry.at.micros()),
-            created_at: Set(entry.at.micros()),
-        });
-    Ok(audit_record::Entity::insert_many(models)
-        .exec_without_returning(conn)
-        .await?)
-    .map(|_| ())
+    audit_record::Entity::insert(audit_record::ActiveModel {
+        id: Set(id.to_owned()),
+        namespace_id: Set(actor.namespace_id.as_str().to_owned()),
+        credential_id: Set(actor.credential_id.as_str().to_owned()),
+        action: Set(entry.action.to_owned()),
+        target_id: Set(entry.target_id.to_owned()),
+        reason: Set(entry.reason.map(str::to_owned)),
+        before_revision: Set(entry.before_revision),
+        after_revision: Set(entry.after_revision),
+        at: Set(entry.at.micros()),
+        created_at: Set(entry.at.micros()),
+    })
+    .exec_without_returning(conn)
+    .await?;
+    Ok(())
 }

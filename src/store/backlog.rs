@@ -34,6 +34,8 @@ pub struct SubscriptionBacklog {
     pub max_pending: i64,
     /// Age of the oldest non-ACKED delivery (zero when there is none).
     pub oldest_unacked_age: Duration,
+    /// EXPIRED deliveries (attempts spent; waiting for an admin's retry).
+    pub expired: i64,
 }
 
 /// Every queue and subscription of the database.
@@ -61,21 +63,26 @@ pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
     // (decision 0079): PENDING and LEASED rows are bounded by
     // `max_pending`, EXPIRED rows are the exhausted ones only.
     let mut oldest: HashMap<String, i64> = HashMap::new();
+    let mut expired: HashMap<String, i64> = HashMap::new();
     for state in [
         DeliveryState::Pending,
         DeliveryState::Leased,
         DeliveryState::Expired,
     ] {
-        let rows: Vec<(String, Option<i64>)> = delivery::Entity::find()
+        let rows: Vec<(String, Option<i64>, i64)> = delivery::Entity::find()
             .select_only()
             .column(delivery::Column::SubscriptionId)
             .expr(Func::min(Expr::col(delivery::Column::CreatedAt)))
+            .expr(Func::count(Expr::col(delivery::Column::Id)))
             .filter(state_is(state))
             .group_by(delivery::Column::SubscriptionId)
             .into_tuple()
             .all(conn)
             .await?;
-        for (id, at) in rows {
+        for (id, at, n) in rows {
+            if state == DeliveryState::Expired {
+                expired.insert(id.clone(), n);
+            }
             if let Some(at) = at {
                 let first = oldest.entry(id).or_insert(at);
                 *first = (*first).min(at);
@@ -98,6 +105,7 @@ pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
         .into_iter()
         .map(|(id, queue_id, cursor, pending_count, max_pending)| {
             let age_micros = oldest.get(&id).map_or(0, |at| (t - at).max(0));
+            let expired = expired.get(&id).copied().unwrap_or(0);
             SubscriptionBacklog {
                 head: heads.get(queue_id.as_str()).copied().unwrap_or(0),
                 subscription_id: id,
@@ -106,6 +114,7 @@ pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
                 pending_count,
                 max_pending: i64::from(max_pending),
                 oldest_unacked_age: Duration::from_micros(age_micros.unsigned_abs()),
+                expired,
             }
         })
         .collect();

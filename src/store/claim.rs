@@ -19,7 +19,7 @@ use crate::{
     },
     journal::{self, RenderedEvent},
     store::{
-        Database, Waiter,
+        Database, Waiter, history,
         materialize::{MATERIALIZE_BATCH, Materialized, materialize_in},
         state_is, tenancy,
         writer::batch_or_each,
@@ -275,7 +275,14 @@ async fn claim_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
                 .map(move |id| (id.as_str(), &claims[i].0.session_id))
         })
         .collect();
-    let mut leased = lease_rows(txn, &assignment, now.plus(lease)).await?;
+    // `leased_at` after this claim's own materialization (its rows'
+    // `created_at`), so a history never shows a lease before its row.
+    let leased_at = if materialized.is_some() {
+        crate::domain::now()
+    } else {
+        now
+    };
+    let mut leased = lease_rows(txn, &assignment, leased_at, now.plus(lease)).await?;
     let event_ids: Vec<EventId> = leased
         .values()
         .map(|(d, _)| EventId::from_db(d.event_id.clone()))
@@ -381,6 +388,7 @@ async fn live_leases<'a, C: ConnectionTrait>(
 async fn lease_rows<C: ConnectionTrait>(
     txn: &C,
     assignment: &[(&str, &SessionId)],
+    leased_at: Timestamp,
     lease_until: Timestamp,
 ) -> Result<HashMap<String, (delivery::Model, LeaseSecret)>, StoreError> {
     let mut secrets: HashMap<&str, LeaseSecret> = HashMap::with_capacity(assignment.len());
@@ -417,6 +425,7 @@ async fn lease_rows<C: ConnectionTrait>(
             delivery::Column::Revision,
             Expr::col(delivery::Column::Revision).add(1),
         )
+        .col_expr(delivery::Column::LeasedAt, Expr::value(leased_at.micros()))
         .col_expr(
             delivery::Column::LeaseUntil,
             Expr::value(lease_until.micros()),
@@ -499,19 +508,12 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
         if limit != u64::MAX {
             due = due.limit(limit);
         }
-        let mut update = delivery::Entity::update_many()
-            .col_expr(
-                delivery::Column::Revision,
-                Expr::col(delivery::Column::Revision).add(1),
-            )
-            .col_expr(
-                delivery::Column::LeaseUntil,
-                Expr::value(Option::<i64>::None),
-            )
-            .col_expr(
-                delivery::Column::LeaseSessionId,
-                Expr::value(Option::<String>::None),
-            );
+        // The lease's session and times stay on the row: they are its
+        // history until the next lease (decision 0081).
+        let mut update = delivery::Entity::update_many().col_expr(
+            delivery::Column::Revision,
+            Expr::col(delivery::Column::Revision).add(1),
+        );
         update = if to_pending {
             update
                 .col_expr(delivery::Column::State, Expr::value(DeliveryState::Pending))
@@ -522,15 +524,16 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
         } else {
             update.col_expr(delivery::Column::State, Expr::value(DeliveryState::Expired))
         };
-        let result = update
+        let rows = update
             .filter(delivery::Column::Id.in_subquery(due.into_query()))
             .filter(is_due())
-            .exec(conn)
+            .exec_with_returning(conn)
             .await?;
+        history::record_lapses(conn, &rows, now).await?;
         if to_pending {
-            recovered.to_pending = result.rows_affected;
+            recovered.to_pending = rows.len() as u64;
         } else {
-            recovered.expired = result.rows_affected;
+            recovered.expired = rows.len() as u64;
         }
     }
     Ok(recovered)

@@ -3,7 +3,8 @@
 use entity::delivery;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, sea_query::Expr,
+    QuerySelect,
+    sea_query::{Expr, ExprTrait},
 };
 use serde::Serialize;
 
@@ -14,8 +15,9 @@ use crate::{
     error::{Error, Result},
     store::{
         audit::{self, AuditActor, AuditEntry},
+        history,
         list_cursor::ListPosition,
-        lock_for_update,
+        lock_for_update, state_is,
         subscriptions::{self, Page, after_position},
     },
 };
@@ -224,7 +226,7 @@ pub async fn retry_delivery(
         .filter(delivery::Column::Id.eq(id.as_str()))
         .exec(txn)
         .await?;
-    audit::record(
+    let audit_id = audit::record(
         txn,
         &AuditActor {
             namespace_id: principal.namespace_id.clone(),
@@ -240,8 +242,157 @@ pub async fn retry_delivery(
         },
     )
     .await?;
-    delivery::Entity::find_by_id(id.as_str())
+    let retried = delivery::Entity::find_by_id(id.as_str())
         .one(txn)
         .await?
-        .ok_or_else(|| Error::internal("a retried delivery vanished"))
+        .ok_or_else(|| Error::internal("a retried delivery vanished"))?;
+    history::record_retries(
+        txn,
+        std::slice::from_ref(&retried),
+        &audit_id,
+        retry.additional_attempts,
+        t,
+    )
+    .await?;
+    Ok(retried)
+}
+
+/// A validated bulk retry (`POST …/deliveries:retry`, http-api.md "Bulk
+/// retry").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BulkRetry {
+    /// 1–1024 Unicode scalar values.
+    pub reason: String,
+    /// 1–100.
+    pub additional_attempts: u32,
+    /// Inclusive bounds on the deliveries' sequences.
+    pub from_sequence: Option<u64>,
+    pub to_sequence: Option<u64>,
+    /// 1–10,000 deliveries at most, oldest (lowest sequence) first.
+    pub limit: u32,
+    pub dry_run: bool,
+    /// Re-armed deliveries become available evenly over this many ms.
+    pub spread_ms: Option<u32>,
+}
+
+/// `data` of a bulk retry.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(as = BulkRetryReceipt)]
+pub struct BulkReceipt {
+    /// EXPIRED deliveries in the range (at most `limit`).
+    #[schema(minimum = 0)]
+    pub matched: u64,
+    /// Re-armed (0 for a dry run; fewer than `matched` when a delivery's
+    /// budget would pass 1,000,000 or it left EXPIRED meanwhile).
+    #[schema(minimum = 0)]
+    pub retried: u64,
+    /// Lowest and highest sequence re-armed (matched, for a dry run);
+    /// absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Uint64String>, nullable = false)]
+    pub first_sequence: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Uint64String>, nullable = false)]
+    pub last_sequence: Option<String>,
+    pub dry_run: bool,
+    /// True on a replay of the same request under the same key.
+    pub deduplicated: bool,
+}
+
+/// Deliveries one bulk-retry transaction re-arms at most: the write lock
+/// is never held for the whole operation.
+pub const BULK_RETRY_BATCH: u64 = 500;
+
+/// The next EXPIRED deliveries of `subscription_id` after sequence `after`
+/// within `bulk`'s range, lowest sequence first, at most `n`:
+/// `(id, sequence)`.
+pub async fn expired_in_range<C: ConnectionTrait>(
+    conn: &C,
+    subscription_id: &SubscriptionId,
+    bulk: &BulkRetry,
+    after: Option<i64>,
+    n: u64,
+) -> Result<Vec<(String, i64)>> {
+    let mut query = delivery::Entity::find()
+        .select_only()
+        .column(delivery::Column::Id)
+        .column(delivery::Column::Sequence)
+        .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()))
+        .filter(state_is(DeliveryState::Expired));
+    if let Some(from) = bulk.from_sequence {
+        query = query.filter(delivery::Column::Sequence.gte(clamp(from)));
+    }
+    if let Some(to) = bulk.to_sequence {
+        query = query.filter(delivery::Column::Sequence.lte(clamp(to)));
+    }
+    if let Some(after) = after {
+        query = query.filter(delivery::Column::Sequence.gt(after));
+    }
+    Ok(query
+        .order_by_asc(delivery::Column::Sequence)
+        .order_by_asc(delivery::Column::Id)
+        .limit(n)
+        .into_tuple()
+        .all(conn)
+        .await?)
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Re-arms `ids` (EXPIRED deliveries of one subscription) inside `txn`, as
+/// [`retry_delivery`] does one: PENDING, `revision += 1`, the budget raised
+/// by `additional_attempts` unless it would pass 1,000,000; `available_at`
+/// is `now + offset` per row. Writes each a RETRIED history step under
+/// `audit_id`. Returns the sequences re-armed.
+pub async fn rearm_expired(
+    txn: &DatabaseTransaction,
+    ids: &[(String, i64)],
+    available_at: &dyn Fn(usize) -> Timestamp,
+    additional_attempts: u32,
+    audit_id: &str,
+    t: Timestamp,
+) -> Result<Vec<i64>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let k = i64::from(additional_attempts);
+    let mut when: Option<sea_orm::sea_query::CaseStatement> = None;
+    for (i, (id, _)) in ids.iter().enumerate() {
+        let at = available_at(i).micros();
+        let cond = delivery::Column::Id.eq(id.as_str());
+        when = Some(match when {
+            None => Expr::case(cond, at),
+            Some(c) => c.case(cond, at),
+        });
+    }
+    let Some(when) = when else {
+        return Ok(Vec::new());
+    };
+    let rows = delivery::Entity::update_many()
+        .col_expr(delivery::Column::State, Expr::value(DeliveryState::Pending))
+        .col_expr(
+            delivery::Column::AvailableAt,
+            when.finally(t.micros()).into(),
+        )
+        .col_expr(
+            delivery::Column::Revision,
+            Expr::col(delivery::Column::Revision).add(1),
+        )
+        .col_expr(
+            delivery::Column::AttemptBudget,
+            Expr::col(delivery::Column::AttemptBudget).add(k),
+        )
+        .filter(delivery::Column::Id.is_in(ids.iter().map(|(id, _)| id.as_str())))
+        .filter(state_is(DeliveryState::Expired))
+        .filter(
+            Expr::col(delivery::Column::AttemptBudget)
+                .add(k)
+                .lte(MAX_ATTEMPT_BUDGET),
+        )
+        .exec_with_returning(txn)
+        .await?;
+    history::record_retries(txn, &rows, audit_id, additional_attempts, t).await?;
+    Ok(rows.iter().map(|r| r.sequence).collect())
 }

@@ -85,6 +85,20 @@ pub enum Begin {
 
 /// Claims the key inside `txn` or finds its record (see the module doc).
 pub async fn begin(txn: &DatabaseTransaction, id: &WriteIdentity, now: Timestamp) -> Result<Begin> {
+    begin_held(txn, id, now, Timestamp(i64::MAX)).await
+}
+
+/// [`begin`] for a write that commits in several transactions (a bulk
+/// retry): the placeholder is committed on its own and binds the key until
+/// [`finish`] or until `held_until`, so a write cut short by a crash does
+/// not hold its key for ever. Meanwhile the same key gets 409
+/// `IDEMPOTENCY_CONFLICT`.
+pub async fn begin_held(
+    txn: &DatabaseTransaction,
+    id: &WriteIdentity,
+    now: Timestamp,
+    held_until: Timestamp,
+) -> Result<Begin> {
     // An expired record no longer binds its key.
     idempotency_record::Entity::delete_many()
         .filter(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
@@ -92,7 +106,7 @@ pub async fn begin(txn: &DatabaseTransaction, id: &WriteIdentity, now: Timestamp
         .filter(idempotency_record::Column::ExpiresAt.lte(now.micros()))
         .exec(txn)
         .await?;
-    let placeholder = record(id, 0, String::new(), i64::MAX, now);
+    let placeholder = record(id, 0, String::new(), held_until.micros(), now);
     let inserted = idempotency_record::Entity::insert(placeholder)
         .on_conflict(key_taken())
         .exec_without_returning(txn)
@@ -117,7 +131,13 @@ pub fn stored_answer(record: &idempotency_record::Model, id: &WriteIdentity) -> 
     let same = record.operation == id.operation
         && record.target == id.target
         && record.request_digest == id.request_digest;
-    if !same || record.status == 0 {
+    if same && record.status == 0 {
+        return Err(Error::new(
+            ErrorCode::IdempotencyConflict,
+            "a request with this Idempotency-Key is still in progress",
+        ));
+    }
+    if !same {
         return Err(Error::new(
             ErrorCode::IdempotencyConflict,
             "this Idempotency-Key was already used for a different request",
@@ -264,6 +284,18 @@ pub async fn finish(
         .filter(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
         .filter(idempotency_record::Column::Key.eq(id.key.as_str()))
         .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// Releases the key of a write that failed after [`begin_held`] committed
+/// its placeholder (a finished record is kept).
+pub async fn abandon<C: ConnectionTrait>(conn: &C, id: &WriteIdentity) -> Result<(), StoreError> {
+    idempotency_record::Entity::delete_many()
+        .filter(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
+        .filter(idempotency_record::Column::Key.eq(id.key.as_str()))
+        .filter(idempotency_record::Column::Status.eq(0))
+        .exec(conn)
         .await?;
     Ok(())
 }

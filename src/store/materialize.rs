@@ -160,6 +160,7 @@ pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
                 state: Set(DeliveryState::Pending),
                 available_at: Set(t),
                 lease_epoch: Set(0),
+                leased_at: Set(None),
                 lease_until: Set(None),
                 lease_digest: Set(None),
                 lease_session_id: Set(None),

@@ -17,7 +17,7 @@ use crate::{
     store::{
         Database,
         claim::{self, Recovered},
-        state_is,
+        history, state_is,
     },
 };
 
@@ -66,6 +66,9 @@ pub async fn purge_events(
 /// repeated `state = 'ACKED'` on the outer statement made SQLite's planner
 /// walk every ACKED row through `(state, acknowledged_at)` instead of
 /// looking the batch up by primary key (decision 0065).
+///
+/// Their history rows go with them (decision 0081), in the same
+/// transaction: the ids are read first, so both deletes name the same rows.
 pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<u64, StoreError> {
     let due = delivery::Entity::find()
         .select_only()
@@ -74,8 +77,13 @@ pub async fn purge_acked_deliveries(db: &Database, cutoff: Timestamp) -> Result<
         .filter(delivery::Column::AcknowledgedAt.lt(cutoff.micros()))
         .limit(BATCH);
     db.write_alone(async |txn| {
+        let ids: Vec<String> = due.clone().into_tuple().all(txn).await?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        history::delete_of(txn, &ids).await?;
         let deleted = delivery::Entity::delete_many()
-            .filter(delivery::Column::Id.in_subquery(due.clone().into_query()))
+            .filter(delivery::Column::Id.is_in(ids.iter().map(String::as_str)))
             .exec(txn)
             .await?;
         Ok(deleted.rows_affected)

@@ -69,6 +69,8 @@ pub async fn open_session(
             capacity: Set(capacity as i32),
             opened_at: Set(t),
             closed_at: Set(None),
+            close_code: Set(None),
+            close_reason: Set(None),
             created_at: Set(t),
         })
         .exec_without_returning(txn)
@@ -81,11 +83,23 @@ pub async fn open_session(
     .await
 }
 
-/// Marks a session closed (idempotent).
-pub async fn close_session(db: &Database, session_id: &SessionId) -> Result<(), StoreError> {
+/// Marks a session closed with the WebSocket close `code` and `reason`
+/// (idempotent: the first close is kept). The history of a delivery the
+/// session held shows them (decision 0081).
+pub async fn close_session(
+    db: &Database,
+    session_id: &SessionId,
+    code: u16,
+    reason: &str,
+) -> Result<(), StoreError> {
     db.write_alone(async |txn| {
         event_session::Entity::update_many()
             .col_expr(event_session::Column::ClosedAt, Expr::value(now().micros()))
+            .col_expr(
+                event_session::Column::CloseCode,
+                Expr::value(i32::from(code)),
+            )
+            .col_expr(event_session::Column::CloseReason, Expr::value(reason))
             .filter(event_session::Column::Id.eq(session_id.as_str()))
             .filter(event_session::Column::ClosedAt.is_null())
             .exec(txn)
@@ -103,6 +117,11 @@ pub async fn close_node_sessions<C: ConnectionTrait>(
 ) -> Result<u64, StoreError> {
     Ok(event_session::Entity::update_many()
         .col_expr(event_session::Column::ClosedAt, Expr::value(now().micros()))
+        .col_expr(event_session::Column::CloseCode, Expr::value(1001))
+        .col_expr(
+            event_session::Column::CloseReason,
+            Expr::value("the node shut down"),
+        )
         .filter(event_session::Column::NodeId.eq(node_id.as_str()))
         .filter(event_session::Column::ClosedAt.is_null())
         .exec(conn)

@@ -41,13 +41,17 @@ fn the_document_is_openapi_3_1_and_lists_every_management_route() {
             "GET /healthz",
             "GET /metrics",
             "GET /readyz",
+            "GET /v1/queues",
             "GET /v1/subscriptions",
             "GET /v1/subscriptions/{id}",
             "GET /v1/subscriptions/{id}/deliveries",
             "GET /v1/subscriptions/{id}/deliveries/{delivery_id}",
+            "GET /v1/subscriptions/{id}/deliveries/{delivery_id}/history",
+            "GET /v1/subscriptions/{id}/status",
             "POST /v1/queues/{queue_id}/results",
             "POST /v1/subscriptions",
             "POST /v1/subscriptions/{id}/deliveries/{delivery_id}:retry",
+            "POST /v1/subscriptions/{id}/deliveries:retry",
             "POST /v1/subscriptions/{id}:configure",
         ]
     );

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 /// Every table of the schema, for the "nothing changed" fingerprint.
-pub const TABLES: [&str; 11] = [
+pub const TABLES: [&str; 12] = [
     "namespaces",
     "applications",
     "credentials",
@@ -21,6 +21,7 @@ pub const TABLES: [&str; 11] = [
     "result_events",
     "subscriptions",
     "deliveries",
+    "delivery_history",
     "event_sessions",
     "idempotency_records",
     "audit_records",

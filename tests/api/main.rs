@@ -10,6 +10,7 @@ mod helpers;
 mod history;
 mod http_common;
 mod http_deliveries;
+mod http_diagnosis;
 mod http_guide;
 mod http_idempotency;
 mod http_no_change;

@@ -492,6 +492,11 @@ async fn every_command_of_orbit_events_and_the_inbox_consumer_explains_itself_in
         &["deliveries", "list"],
         &["deliveries", "get"],
         &["deliveries", "retry"],
+        &["deliveries", "history"],
+        &["subscriptions", "status"],
+        &["queues"],
+        &["queues", "list"],
+        &["publish"],
     ];
     for args in admin {
         let help = cli(&app, None, &[args, &["--help"][..]].concat()).await;
@@ -542,4 +547,218 @@ async fn every_command_of_orbit_events_and_the_inbox_consumer_explains_itself_in
     ] {
         assert!(text.contains(needle), "no {needle} in\n{text}");
     }
+}
+
+#[actix_web::test]
+async fn diagnosis_commands_show_status_history_queues_and_retry_in_bulk_with_the_apis_data() {
+    let app = crate::http_support::spawn_fast_app().await;
+    let cred = app.bootstrap().await;
+    let t = Some(cred.token.as_str());
+    let (sub, delivery, _session) = expired_delivery(&app, &cred).await;
+    let id = delivery["id"].as_str().unwrap();
+    let api = |path: String| {
+        let app = &app;
+        let token = cred.token.clone();
+        async move { app.get(&path, &token).await.data().clone() }
+    };
+
+    // status: a table naming what blocks, and the API's data with --json.
+    let status = cli(&app, t, &["subscriptions", "status", &sub]).await;
+    assert!(
+        status.ok().contains("EXPIRED_DELIVERIES"),
+        "{}",
+        status.stdout
+    );
+    assert!(status.ok().contains("moving:"), "{}", status.stdout);
+    let json = cli(&app, t, &["subscriptions", "status", &sub, "--json"])
+        .await
+        .json();
+    let mut expected = api(format!("/v1/subscriptions/{sub}/status")).await;
+    // The age grows between the two reads.
+    json["oldest_unacked"]["age_seconds"].as_f64().unwrap();
+    expected["oldest_unacked"]["age_seconds"] = json["oldest_unacked"]["age_seconds"].clone();
+    assert_eq!(json, expected);
+    let get = cli(&app, t, &["subscriptions", "get", &sub]).await;
+    for needle in ["cursor:", "consumers:", "blocked:", "EXPIRED_DELIVERIES"] {
+        assert!(
+            get.ok().contains(needle),
+            "{needle} missing from\n{}",
+            get.stdout
+        );
+    }
+
+    // history.
+    let history = cli(&app, t, &["deliveries", "history", &sub, id]).await;
+    for needle in ["STEP", "MATERIALIZED", "LEASED", "LEASE_LAPSED"] {
+        assert!(
+            history.ok().contains(needle),
+            "{needle} missing from\n{}",
+            history.stdout
+        );
+    }
+    let json = cli(&app, t, &["deliveries", "history", &sub, id, "--json"])
+        .await
+        .json();
+    assert_eq!(
+        json,
+        api(format!("/v1/subscriptions/{sub}/deliveries/{id}/history")).await
+    );
+
+    // queues list.
+    let queues = cli(&app, t, &["queues", "list"]).await;
+    assert!(queues.ok().contains(&cred.queue_id), "{}", queues.stdout);
+    let json = cli(&app, t, &["queues", "list", "--json"]).await.json();
+    assert_eq!(json, api("/v1/queues".to_owned()).await);
+
+    // retry --expired: a dry run, then the real one.
+    let dry = cli(
+        &app,
+        t,
+        &[
+            "deliveries",
+            "retry",
+            &sub,
+            "--expired",
+            "--dry-run",
+            "--reason",
+            "check",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(dry["matched"], 1);
+    assert_eq!(dry["retried"], 0);
+    let done = cli(
+        &app,
+        t,
+        &[
+            "deliveries",
+            "retry",
+            &sub,
+            "--expired",
+            "--from",
+            "1",
+            "--to",
+            "1",
+            "--reason",
+            "handler fixed",
+        ],
+    )
+    .await;
+    assert!(
+        done.ok()
+            .starts_with("Re-armed 1 of 1 matching EXPIRED deliveries"),
+        "{}",
+        done.stdout
+    );
+    let both = cli(
+        &app,
+        t,
+        &[
+            "deliveries",
+            "retry",
+            &sub,
+            id,
+            "--expired",
+            "--reason",
+            "x",
+        ],
+    )
+    .await;
+    assert_eq!(both.code, Some(2), "{}", both.stderr);
+
+    // publish: the snapshot agrees with the type, task and revision.
+    let published = cli(
+        &app,
+        t,
+        &[
+            "publish",
+            &cred.queue_id,
+            "--type",
+            "failed",
+            "--task",
+            "7a5c0000000000000000000000000007",
+            "--revision",
+            "3",
+            "--result",
+            r#"{"code": 12345678901234567890.5}"#,
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(published["events"][0]["sequence"], "2");
+    let text = crate::http_support::scalar_text(
+        &app,
+        "SELECT snapshot FROM result_events WHERE sequence = 2",
+    )
+    .await;
+    let snapshot: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(snapshot["task_id"], "7a5c0000000000000000000000000007");
+    assert_eq!(snapshot["revision"], "3");
+    assert_eq!(snapshot["state"], "FAILED");
+    assert!(text.contains("12345678901234567890.5"), "{text}");
+    let bad = cli(
+        &app,
+        t,
+        &[
+            "publish",
+            &cred.queue_id,
+            "--type",
+            "failed",
+            "--task",
+            "x",
+            "--result",
+            "{nope",
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, Some(1));
+    assert!(bad.stderr.contains("--result"), "{}", bad.stderr);
+}
+
+#[actix_web::test]
+async fn bootstrap_with_format_env_prints_export_lines_a_shell_can_eval() {
+    let app = spawn_app().await;
+    let url = app.settings.database.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_orbit-events"))
+            .args([
+                "bootstrap",
+                "--namespace",
+                "acme",
+                "--application",
+                "billing",
+                "--queue",
+                "invoices",
+                "--event-access",
+                "--format",
+                "env",
+            ])
+            .env("ORBIT_EVENTS__DATABASE__URL", url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // A shell reads it back.
+    let script = format!("{stdout}\necho \"$ORBIT_EVENTS_TOKEN $ORBIT_EVENTS_QUEUE_ID\"");
+    let echoed = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let echoed = String::from_utf8(echoed.stdout).unwrap();
+    let (token, queue_id) = echoed.trim().split_once(' ').unwrap();
+    assert!(token.starts_with("oe_"), "{stdout}");
+    let queues = app.get("/v1/queues", token).await;
+    assert_eq!(queues.status, 200, "{:#}", queues.body);
+    assert_eq!(queues.data()["items"][0]["id"], queue_id);
+    assert_eq!(queues.data()["items"][0]["name"], "invoices");
 }

@@ -4,7 +4,7 @@
 
 use orbit_events_client::{
     Client, ConfigureSubscription, CreateSubscription, DeliveryFilter, DeliveryState, Error,
-    ErrorCode, IdempotencyKey, NewResult, ResultType, RetryDelivery, Token,
+    ErrorCode, IdempotencyKey, NewResult, ResultType, RetryDelivery, RetryExpired, Token,
 };
 use serde::Serialize;
 use serde_json::{Value, json, value::RawValue};
@@ -284,6 +284,56 @@ async fn every_management_answer_reads_into_the_sdk_types_and_serializes_back_to
         .await,
     );
 
+    // The history of the retried delivery, the status, the queues, a bulk
+    // retry of the other EXPIRED one.
+    agree(
+        "delivery history",
+        &app,
+        &cred,
+        &format!("{deliveries_path}/{}/history", target.id),
+        async || client.delivery_history(&sub, &target.id).await.unwrap(),
+    )
+    .await;
+    let status = client.subscription_status(&sub).await.unwrap();
+    assert_eq!(status.expired, 1);
+    let mut server = app
+        .get(&format!("/v1/subscriptions/{sub}/status"), &cred.token)
+        .await
+        .data()
+        .clone();
+    // The age grows between the two reads.
+    server["oldest_unacked"]["age_seconds"] =
+        json!(status.oldest_unacked.as_ref().unwrap().age_seconds);
+    assert_same_json("status", &status, &server);
+    agree("queues", &app, &cred, "/v1/queues", async || {
+        client.list_queues().await.unwrap()
+    })
+    .await;
+    let bulk = RetryExpired {
+        reason: "sdk bulk".to_owned(),
+        additional_attempts: 1,
+        from_sequence: Some(1),
+        to_sequence: None,
+        limit: 10,
+        dry_run: false,
+        spread_ms: Some(10),
+    };
+    let key = IdempotencyKey::random();
+    let receipt = client.retry_expired(&sub, &key, &bulk).await.unwrap();
+    assert_eq!((receipt.matched, receipt.retried), (1, 1));
+    assert_same_json(
+        "bulk retry",
+        &receipt,
+        &replayed(
+            &app,
+            &cred,
+            &format!("{deliveries_path}:retry"),
+            &key,
+            &bulk,
+        )
+        .await,
+    );
+
     // Pause.
     let configure = ConfigureSubscription {
         expected_revision: got.revision,
@@ -371,6 +421,31 @@ async fn every_request_body_the_sdk_sends_is_valid_against_docs_openapi_json() {
         })
         .unwrap(),
     );
+    for bulk in [
+        RetryExpired {
+            reason: "r".to_owned(),
+            additional_attempts: 1,
+            from_sequence: None,
+            to_sequence: None,
+            limit: 1,
+            dry_run: true,
+            spread_ms: None,
+        },
+        RetryExpired {
+            reason: "r".to_owned(),
+            additional_attempts: 100,
+            from_sequence: Some(0),
+            to_sequence: Some(u64::MAX),
+            limit: 10_000,
+            dry_run: false,
+            spread_ms: Some(3_600_000),
+        },
+    ] {
+        validate(
+            "/v1/subscriptions/{id}/deliveries:retry",
+            serde_json::to_value(bulk).unwrap(),
+        );
+    }
     let at = chrono::Utc::now();
     let mut full =
         NewResult::new(ResultType::Failed, id, id, 18, at).with_result(raw("[1,2.5,\"x\"]"));

@@ -1,8 +1,10 @@
-//! The admin command line: `orbit-events subscriptions list|get|create|
-//! pause|resume` and `orbit-events deliveries list|get|retry`, as clap
-//! arguments and async functions the `orbit-events` binary dispatches to
-//! (decision 0051). Tables for people, `--json` for scripts; the token
-//! only from the `ORBIT_EVENTS_TOKEN` environment variable.
+//! The admin command line: `orbit-events subscriptions list|get|status|
+//! create|pause|resume`, `orbit-events deliveries list|get|history|retry`,
+//! `orbit-events queues list` and `orbit-events publish`, as clap arguments
+//! and async functions the `orbit-events` binary dispatches to (decisions
+//! 0051, 0081). Tables for people, `--json` for scripts (always the `data`
+//! of the endpoint's answer); the token only from the `ORBIT_EVENTS_TOKEN`
+//! environment variable.
 
 mod output;
 
@@ -12,7 +14,8 @@ use clap::{Args, Subcommand};
 
 use crate::{
     Client, ConfigureSubscription, CreateSubscription, DeliveryFilter, DeliveryState, Error,
-    ErrorCode, IdempotencyKey, ResultType, RetryDelivery, Token, types::Page,
+    ErrorCode, IdempotencyKey, NewResult, ResultType, RetryDelivery, RetryExpired, Token,
+    types::Page,
 };
 
 /// The environment variable holding the token of the admin commands.
@@ -69,6 +72,14 @@ pub enum SubscriptionsCommand {
     /// Show one subscription: state, position in the log, backlog, limits.
     #[command(after_help = TOKEN_HELP)]
     Get {
+        /// The subscription's id (32 hex characters).
+        #[arg(value_name = "SUBSCRIPTION_ID")]
+        id: String,
+    },
+    /// Why a subscription is (not) moving: its position in the log, its
+    /// backlog by state, the consumers bound to it and what blocks it.
+    #[command(after_help = TOKEN_HELP)]
+    Status {
         /// The subscription's id (32 hex characters).
         #[arg(value_name = "SUBSCRIPTION_ID")]
         id: String,
@@ -206,7 +217,19 @@ pub enum DeliveriesCommand {
         #[arg(value_name = "DELIVERY_ID")]
         delivery_id: String,
     },
-    /// Give an EXPIRED delivery (out of attempts) more attempts: it is
+    /// Every step of one delivery, oldest first: each lease and how it
+    /// ended, refused ACKs, sessions that closed, retries, the ACK.
+    #[command(after_help = TOKEN_HELP)]
+    History {
+        /// The subscription's id.
+        #[arg(value_name = "SUBSCRIPTION_ID")]
+        subscription_id: String,
+        /// The delivery's id.
+        #[arg(value_name = "DELIVERY_ID")]
+        delivery_id: String,
+    },
+    /// Give an EXPIRED delivery (out of attempts) more attempts, or with
+    /// --expired every EXPIRED delivery of a sequence range: they are
     /// offered to consumers again.
     #[command(after_help = TOKEN_HELP)]
     Retry(RetryArgs),
@@ -218,9 +241,33 @@ pub struct RetryArgs {
     /// The subscription's id.
     #[arg(value_name = "SUBSCRIPTION_ID")]
     pub subscription_id: String,
-    /// The delivery's id (state EXPIRED).
-    #[arg(value_name = "DELIVERY_ID")]
-    pub delivery_id: String,
+    /// The delivery's id (state EXPIRED); not with --expired.
+    #[arg(
+        value_name = "DELIVERY_ID",
+        required_unless_present = "expired",
+        conflicts_with = "expired"
+    )]
+    pub delivery_id: Option<String>,
+    /// Re-arm every EXPIRED delivery of the subscription (within --from,
+    /// --to and --limit), lowest sequence first, in one operation.
+    #[arg(long)]
+    pub expired: bool,
+    /// With --expired: the lowest sequence to re-arm.
+    #[arg(long = "from", value_name = "SEQUENCE", requires = "expired")]
+    pub from_sequence: Option<u64>,
+    /// With --expired: the highest sequence to re-arm.
+    #[arg(long = "to", value_name = "SEQUENCE", requires = "expired")]
+    pub to_sequence: Option<u64>,
+    /// With --expired: at most this many deliveries, 1-10000.
+    #[arg(long, value_name = "N", default_value_t = 1000, requires = "expired")]
+    pub limit: u32,
+    /// With --expired: count what would be re-armed; change nothing.
+    #[arg(long, requires = "expired")]
+    pub dry_run: bool,
+    /// With --expired: offer the re-armed deliveries evenly over this many
+    /// milliseconds instead of all at once (0-3600000).
+    #[arg(long, value_name = "MS", requires = "expired")]
+    pub spread_ms: Option<u32>,
     /// Why; kept in the audit record (1-1024 characters).
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
@@ -231,6 +278,60 @@ pub struct RetryArgs {
     /// STATE_CONFLICT) [default: its current revision, read just before].
     #[arg(long, value_name = "N")]
     pub expected_revision: Option<u64>,
+    #[command(flatten)]
+    pub key: KeyArg,
+}
+
+/// `orbit-events queues …`
+#[derive(Debug, Args)]
+#[command(after_help = TOKEN_HELP)]
+pub struct QueuesArgs {
+    #[command(flatten)]
+    pub remote: Remote,
+    #[command(subcommand)]
+    pub command: QueuesCommand,
+}
+
+/// The queue commands.
+#[derive(Debug, Subcommand)]
+pub enum QueuesCommand {
+    /// List the queues of your credential's scope: ids, names, heads and
+    /// retention floors.
+    #[command(after_help = TOKEN_HELP)]
+    List,
+}
+
+/// `orbit-events publish`: one result, with the snapshot fields that must
+/// repeat the task id, type and revision filled in.
+#[derive(Debug, Args)]
+#[command(after_help = TOKEN_HELP)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub remote: Remote,
+    /// The queue's id (`orbit-events queues list`).
+    #[arg(value_name = "QUEUE_ID")]
+    pub queue_id: String,
+    /// The result type: succeeded, failed, cancelled or needs_review.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub result_type: ResultType,
+    /// The task's id (32 lowercase hex characters).
+    #[arg(long, value_name = "TASK_ID")]
+    pub task: String,
+    /// The task's revision (a positive number).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub revision: u64,
+    /// The task's result: any JSON, kept byte for byte.
+    #[arg(long, value_name = "JSON", conflicts_with = "result_file")]
+    pub result: Option<String>,
+    /// Read the task's result (any JSON) from this file ('-': stdin).
+    #[arg(long, value_name = "FILE")]
+    pub result_file: Option<std::path::PathBuf>,
+    /// Details of the result: a JSON object [default: {}].
+    #[arg(long, value_name = "JSON")]
+    pub details: Option<String>,
+    /// The effect of the task may or may not have happened.
+    #[arg(long)]
+    pub effect_uncertain: bool,
     #[command(flatten)]
     pub key: KeyArg,
 }
@@ -293,7 +394,23 @@ pub async fn run_subscriptions(args: SubscriptionsArgs) -> Result<(), CliError> 
         }
         SubscriptionsCommand::Get { id } => {
             let subscription = client.get_subscription(&id).await.map_err(fail)?;
-            out.value(&subscription, || output::subscription_detail(&subscription))?;
+            if remote.json {
+                out.value(&subscription, String::new)?;
+            } else {
+                // People also want to know whether it moves.
+                let status = client.subscription_status(&id).await.map_err(fail)?;
+                out.value(&subscription, || {
+                    format!(
+                        "{}\n\n{}",
+                        output::subscription_detail(&subscription),
+                        output::status_detail(&status)
+                    )
+                })?;
+            }
+        }
+        SubscriptionsCommand::Status { id } => {
+            let status = client.subscription_status(&id).await.map_err(fail)?;
+            out.value(&status, || output::status_detail(&status))?;
         }
         SubscriptionsCommand::Create(create) => {
             let request = CreateSubscription {
@@ -366,12 +483,44 @@ pub async fn run_deliveries(args: DeliveriesArgs) -> Result<(), CliError> {
                 .map_err(fail)?;
             out.value(&detail, || output::delivery_detail(&detail))?;
         }
+        DeliveriesCommand::History {
+            subscription_id,
+            delivery_id,
+        } => {
+            let history = client
+                .delivery_history(&subscription_id, &delivery_id)
+                .await
+                .map_err(fail)?;
+            out.value(&history, || output::history_table(&history.items))?;
+        }
+        DeliveriesCommand::Retry(retry) if retry.expired => {
+            let key = key(&retry.key)?;
+            let request = RetryExpired {
+                reason: retry.reason,
+                additional_attempts: retry.additional_attempts,
+                from_sequence: retry.from_sequence,
+                to_sequence: retry.to_sequence,
+                limit: retry.limit,
+                dry_run: retry.dry_run,
+                spread_ms: retry.spread_ms,
+            };
+            let receipt = client
+                .retry_expired(&retry.subscription_id, &key, &request)
+                .await
+                .map_err(fail)?;
+            out.value(&receipt, || output::retry_receipt(&receipt))?;
+        }
         DeliveriesCommand::Retry(retry) => {
+            let Some(delivery_id) = retry.delivery_id.clone() else {
+                return Err(CliError(
+                    "name a DELIVERY_ID, or pass --expired for every EXPIRED delivery".to_owned(),
+                ));
+            };
             let expected_revision = match retry.expected_revision {
                 Some(r) => r,
                 None => {
                     client
-                        .get_delivery(&retry.subscription_id, &retry.delivery_id)
+                        .get_delivery(&retry.subscription_id, &delivery_id)
                         .await
                         .map_err(fail)?
                         .delivery
@@ -385,7 +534,7 @@ pub async fn run_deliveries(args: DeliveriesArgs) -> Result<(), CliError> {
                 additional_attempts: retry.additional_attempts,
             };
             let result = client
-                .retry_delivery(&retry.subscription_id, &retry.delivery_id, &key, &request)
+                .retry_delivery(&retry.subscription_id, &delivery_id, &key, &request)
                 .await
                 .map_err(fail)?;
             out.value(&result, || {
@@ -402,6 +551,80 @@ pub async fn run_deliveries(args: DeliveriesArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// Runs `orbit-events queues …`, printing to stdout.
+pub async fn run_queues(args: QueuesArgs) -> Result<(), CliError> {
+    let remote = &args.remote;
+    let client = client(remote)?;
+    let mut out = Output::new(remote.json);
+    match args.command {
+        QueuesCommand::List => {
+            let queues = client.list_queues().await.map_err(|e| explain(e, remote))?;
+            out.value(&queues, || output::queues_table(&queues.items))
+        }
+    }
+}
+
+/// Runs `orbit-events publish`: one result, then prints its event id and
+/// sequence.
+pub async fn run_publish(args: PublishArgs) -> Result<(), CliError> {
+    let remote = &args.remote;
+    let client = client(remote)?;
+    let mut out = Output::new(remote.json);
+    let json = |what: &str, text: String| {
+        serde_json::value::RawValue::from_string(text)
+            .map_err(|e| CliError(format!("{what}: not JSON ({e})")))
+    };
+    let mut result = NewResult::new(
+        args.result_type,
+        &args.queue_id,
+        &args.task,
+        args.revision,
+        chrono::Utc::now(),
+    );
+    result.snapshot.effect_uncertain = args.effect_uncertain;
+    let text = match (&args.result, &args.result_file) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .map_err(|e| CliError(format!("--result-file -: cannot read stdin: {e}")))?;
+            Some(text)
+        }
+        (None, Some(path)) => Some(std::fs::read_to_string(path).map_err(|e| {
+            CliError(format!(
+                "--result-file {}: cannot read it: {e}",
+                path.display()
+            ))
+        })?),
+        (None, None) => None,
+    };
+    if let Some(text) = text {
+        result = result.with_result(json("--result", text.trim().to_owned())?);
+    }
+    if let Some(details) = args.details {
+        result = result.with_details(json("--details", details)?);
+    }
+    let key = key(&args.key)?;
+    let published = client
+        .publish_results(&args.queue_id, &key, std::slice::from_ref(&result))
+        .await
+        .map_err(|e| explain(e, remote))?;
+    out.value(&published, || {
+        let lines: Vec<String> = published
+            .events
+            .iter()
+            .map(|e| format!("Published event {} at sequence {}.", e.id, e.sequence))
+            .collect();
+        let mut text = lines.join("\n");
+        if published.deduplicated {
+            text.push_str(
+                "\n(published earlier with this idempotency key: nothing was appended now)",
+            );
+        }
+        text
+    })
 }
 
 async fn configure(

@@ -3,7 +3,10 @@
 use chrono::SecondsFormat;
 use comfy_table::{Table, presets};
 
-use crate::{DeliveryDetail, DeliveryState, EventDelivery, ResultType, Subscription, types::Time};
+use crate::{
+    DeliveryDetail, DeliveryState, DeliveryStep, EventDelivery, Queue, ResultType, RetryReceipt,
+    StepKind, Subscription, SubscriptionStatus, types::Time,
+};
 
 /// Columns separated by two spaces, no borders, a header row.
 fn table(header: &[&str]) -> Table {
@@ -185,4 +188,185 @@ pub fn delivery_detail(detail: &DeliveryDetail) -> String {
         event.push(("result", result.get().to_owned()));
     }
     format!("{}\n\n{}", delivery_fields(&detail.delivery), fields(event))
+}
+
+/// `subscriptions status` (and the end of `subscriptions get`).
+pub fn status_detail(s: &SubscriptionStatus) -> String {
+    let mut rows = vec![
+        (
+            "moving",
+            if s.blocked.is_empty() {
+                "yes".to_owned()
+            } else {
+                "no".to_owned()
+            },
+        ),
+        (
+            "log",
+            format!(
+                "head {}, retention floor {}",
+                s.head_sequence, s.retention_floor
+            ),
+        ),
+        (
+            "cursor",
+            format!("{} ({} results after it)", s.cursor_sequence, s.lag),
+        ),
+        (
+            "backlog",
+            format!(
+                "{} of at most {}: {} pending, {} leased, {} expired",
+                s.pending_count, s.max_pending, s.pending, s.leased, s.expired
+            ),
+        ),
+    ];
+    if let Some(o) = &s.oldest_unacked {
+        rows.push((
+            "oldest unacked",
+            format!(
+                "sequence {} ({}), {:.0} s old, delivery {}",
+                o.sequence, o.state, o.age_seconds, o.delivery_id
+            ),
+        ));
+    }
+    rows.push((
+        "consumers",
+        if s.sessions.is_empty() {
+            "none connected".to_owned()
+        } else {
+            s.sessions
+                .iter()
+                .map(|x| {
+                    format!(
+                        "session {} on node {}: holds {} of {}, since {}",
+                        x.session_id,
+                        x.node_id,
+                        x.held,
+                        x.capacity,
+                        time(&x.opened_at)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    ));
+    if let Some(c) = &s.last_configure {
+        rows.push((
+            "last configure",
+            format!(
+                "{} at {} by credential {} (revision {}): {}",
+                if c.enabled { "resumed" } else { "paused" },
+                time(&c.at),
+                c.credential_id,
+                c.revision,
+                c.reason
+            ),
+        ));
+    }
+    for b in &s.blocked {
+        let earliest = b
+            .earliest_sequence
+            .as_ref()
+            .map(|e| format!(" (earliest sequence {e})"))
+            .unwrap_or_default();
+        rows.push(("blocked", format!("{}{earliest}: {}", b.code, b.message)));
+    }
+    fields(rows)
+}
+
+/// `deliveries history`.
+pub fn history_table(items: &[DeliveryStep]) -> String {
+    let mut t = table(&["AT", "STEP", "EPOCH", "SESSION", "NODE", "DETAIL"]);
+    for step in items {
+        t.add_row(vec![
+            step.at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            step.step.as_str().to_owned(),
+            step.epoch.clone().unwrap_or_default(),
+            step.session_id.clone().unwrap_or_default(),
+            step.node_id.clone().unwrap_or_default(),
+            step_detail(step),
+        ]);
+    }
+    t.trim_fmt()
+}
+
+fn step_detail(s: &DeliveryStep) -> String {
+    let budget = || {
+        format!(
+            "attempts {} of {}",
+            s.attempts.unwrap_or(0),
+            s.attempt_budget.unwrap_or(0)
+        )
+    };
+    match s.step {
+        StepKind::Materialized => "a delivery of the event was created".to_owned(),
+        StepKind::Leased => s
+            .lease_until
+            .map(|t| format!("lease until {}", time(&t)))
+            .unwrap_or_default(),
+        StepKind::LeaseLapsed => format!(
+            "no ACK in time: {} ({})",
+            s.state.map(|x| x.to_string()).unwrap_or_default(),
+            budget()
+        ),
+        StepKind::AckRefused => {
+            "an ACK with a stale proof was refused (DELIVERY_LEASE_LOST)".to_owned()
+        }
+        StepKind::SessionClosed => format!(
+            "the session closed while holding the lease ({} {})",
+            s.close_code.map(|c| c.to_string()).unwrap_or_default(),
+            s.reason.clone().unwrap_or_default()
+        ),
+        StepKind::Retried => format!(
+            "retried by credential {} with +{} attempts ({}): {}",
+            s.credential_id.clone().unwrap_or_default(),
+            s.additional_attempts.unwrap_or(0),
+            budget(),
+            s.reason.clone().unwrap_or_default()
+        ),
+        StepKind::Acked => "ACKed".to_owned(),
+    }
+}
+
+/// `deliveries retry --expired`.
+pub fn retry_receipt(r: &RetryReceipt) -> String {
+    let range = match (&r.first_sequence, &r.last_sequence) {
+        (Some(a), Some(b)) => format!(", sequences {a} to {b}"),
+        _ => String::new(),
+    };
+    let mut text = if r.dry_run {
+        format!(
+            "Dry run: {} EXPIRED deliveries match{range}; nothing was changed.",
+            r.matched
+        )
+    } else {
+        format!(
+            "Re-armed {} of {} matching EXPIRED deliveries{range}.",
+            r.retried, r.matched
+        )
+    };
+    if r.deduplicated {
+        text.push_str(
+            "\n(done earlier with this idempotency key: nothing was done now; the original \
+             answer is above)",
+        );
+    }
+    text
+}
+
+/// `queues list`.
+pub fn queues_table(items: &[Queue]) -> String {
+    if items.is_empty() {
+        return "No queues in this credential's scope.".to_owned();
+    }
+    let mut t = table(&["ID", "NAME", "HEAD", "RETENTION FLOOR"]);
+    for q in items {
+        t.add_row(vec![
+            q.id.clone(),
+            q.name.clone(),
+            q.head_sequence.to_string(),
+            q.retention_floor.to_string(),
+        ]);
+    }
+    t.trim_fmt()
 }

@@ -60,6 +60,10 @@ enum ReaderEvent {
     PeerGone,
 }
 
+/// Close reasons kept in a session's record (a close frame carries at most
+/// 123 bytes).
+const MAX_CLOSE_REASON_CHARS: usize = 123;
+
 /// The writer task stopped (timeout, socket gone, or after the close frame).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -191,7 +195,7 @@ impl ConnectionActor {
         if matches!(self.phase, Phase::Closing) {
             return;
         }
-        self.leave_scanner();
+        self.leave_scanner(u16::from(code), reason);
         self.phase = Phase::Closing;
         // Close reasons are at most 123 bytes.
         let mut reason = reason.to_owned();
@@ -210,7 +214,9 @@ impl ConnectionActor {
         ctx.run_later(grace, |_, ctx| ctx.stop());
     }
 
-    fn leave_scanner(&mut self) {
+    /// Leaves the scanner and records the session's close (`code`,
+    /// `reason`: what the node sends, or 1006 when the socket just ended).
+    fn leave_scanner(&mut self, code: u16, reason: &str) {
         if let Phase::Bound(b) = &self.phase
             && !self.left_scanner
         {
@@ -224,9 +230,15 @@ impl ConnectionActor {
             let db = self.state.db.clone();
             let session_id = b.session_id.clone();
             let span = self.span.clone();
+            let reason = reason
+                .chars()
+                .take(MAX_CLOSE_REASON_CHARS)
+                .collect::<String>();
             actix::spawn(tracing::Instrument::instrument(
                 async move {
-                    if let Err(err) = store::sessions::close_session(&db, &session_id).await {
+                    if let Err(err) =
+                        store::sessions::close_session(&db, &session_id, code, &reason).await
+                    {
                         store::writer::log_failure(&err, "could not record the session close");
                     }
                 },
@@ -242,7 +254,7 @@ impl ConnectionActor {
             return;
         }
         self.draining = true;
-        self.leave_scanner();
+        self.leave_scanner(u16::from(CloseCode::Away), "the server is shutting down");
         self.read_permits.close();
         self.finish_drain_if_idle(ctx);
     }
@@ -367,7 +379,7 @@ impl Actor for ConnectionActor {
 
     fn stopping(&mut self, _: &mut Context<Self>) -> Running {
         let _span = self.span.clone().entered();
-        self.leave_scanner();
+        self.leave_scanner(1006, "the connection ended without a close frame");
         self.phase = Phase::Closing;
         self.read_permits.close();
         Running::Stop
@@ -390,7 +402,13 @@ impl Handler<ReaderEvent> for ConnectionActor {
         let _span = self.span.clone().entered();
         match msg {
             ReaderEvent::Violation(code, why) => self.close(ctx, code, why),
-            ReaderEvent::PeerClosed => self.close(ctx, CloseCode::Normal, ""),
+            ReaderEvent::PeerClosed => {
+                self.leave_scanner(
+                    u16::from(CloseCode::Normal),
+                    "the client closed the connection",
+                );
+                self.close(ctx, CloseCode::Normal, "")
+            }
             ReaderEvent::PeerGone => ctx.stop(),
         }
     }
