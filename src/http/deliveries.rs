@@ -142,14 +142,7 @@ pub async fn get(
     path: web::Path<(String, String)>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse> {
-    no_query(&req)?;
-    let principal = auth::authenticate(&req, &state.db).await?;
-    principal.require(Permission::EventsRead)?;
-    let (sub_id, delivery_id) = path.into_inner();
-    let sub = subscriptions::get_owned(state.db.reader(), &principal, &sub_id).await?;
-    let sub_id = path_subscription_id(&sub.id)?;
-    let delivery =
-        deliveries::get_of_subscription(state.db.reader(), &sub_id, &delivery_id).await?;
+    let (sub, delivery) = owned_delivery(&req, &state, path.into_inner()).await?;
     let event_id = EventId::from_db(delivery.event_id.clone());
     let mut events = journal::render(state.db.reader(), std::slice::from_ref(&event_id)).await?;
     let Some(event) = events.remove(&event_id) else {
@@ -278,16 +271,27 @@ pub async fn history(
     path: web::Path<(String, String)>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse> {
-    no_query(&req)?;
-    let principal = auth::authenticate(&req, &state.db).await?;
+    let (_, delivery) = owned_delivery(&req, &state, path.into_inner()).await?;
+    let items = history::steps_of(state.db.reader(), &delivery).await?;
+    Ok(respond(&req, StatusCode::OK, History { items }))
+}
+
+/// The reads of one delivery (events:read, no query string): the
+/// subscription when it is the caller's, and its delivery `(subscription
+/// id, delivery id)`; 404 otherwise.
+async fn owned_delivery(
+    req: &HttpRequest,
+    state: &AppState,
+    (sub_id, delivery_id): (String, String),
+) -> Result<(entity::subscription::Model, entity::delivery::Model)> {
+    no_query(req)?;
+    let principal = auth::authenticate(req, &state.db).await?;
     principal.require(Permission::EventsRead)?;
-    let (sub_id, delivery_id) = path.into_inner();
     let sub = subscriptions::get_owned(state.db.reader(), &principal, &sub_id).await?;
     let sub_id = path_subscription_id(&sub.id)?;
     let delivery =
         deliveries::get_of_subscription(state.db.reader(), &sub_id, &delivery_id).await?;
-    let items = history::steps_of(state.db.reader(), &delivery).await?;
-    Ok(respond(&req, StatusCode::OK, History { items }))
+    Ok((sub, delivery))
 }
 
 /// Body of `POST /v1/subscriptions/{id}/deliveries:retry`.
@@ -370,7 +374,19 @@ pub async fn bulk_retry(
     let bulk = validate_bulk(body)?;
     let sub = subscriptions::get_owned(state.db.reader(), &principal, &path).await?;
     let sub_id = path_subscription_id(&sub.id)?;
+    let identity = WriteIdentity::new(
+        &principal.credential_id,
+        key,
+        "deliveries.bulk_retry",
+        sub_id.as_str(),
+        &bulk,
+    )?;
     if bulk.dry_run {
+        // A dry run writes nothing, not even its key; a key already used
+        // for another request is still 409.
+        if let Some(data) = idempotency::peek(state.db.reader(), &identity, now()).await? {
+            return Ok(respond(&req, StatusCode::OK, data));
+        }
         let matched = deliveries::expired_in_range(
             state.db.reader(),
             &sub_id,
@@ -389,13 +405,6 @@ pub async fn bulk_retry(
         };
         return Ok(respond(&req, StatusCode::OK, receipt));
     }
-    let identity = WriteIdentity::new(
-        &principal.credential_id,
-        key,
-        "deliveries.bulk_retry",
-        sub_id.as_str(),
-        &bulk,
-    )?;
     let t = now();
     let claimed = state
         .db
@@ -477,6 +486,16 @@ async fn run_bulk_retry(
     let t = now();
     let spread_micros = i64::from(bulk.spread_ms.unwrap_or(0)) * 1000;
     let limit = u64::from(bulk.limit);
+    // The spread is shared by the deliveries there are, not by `limit`
+    // (at most max_pending rows: a cheap read).
+    let expected = match bulk.spread_ms {
+        Some(_) => deliveries::expired_in_range(state.db.reader(), sub_id, bulk, None, limit)
+            .await?
+            .len()
+            .max(1),
+        None => 1,
+    };
+    let expected = i64::try_from(expected).unwrap_or(i64::MAX);
     let (mut matched, mut sequences) = (0u64, Vec::<i64>::new());
     let mut after = None;
     while matched < limit {
@@ -489,7 +508,7 @@ async fn run_bulk_retry(
                 // Evenly over the spread, by position in the whole run.
                 let at = |i: usize| {
                     let k = i64::try_from(start + i as u64).unwrap_or(i64::MAX);
-                    Timestamp(t.micros() + spread_micros * k / i64::from(bulk.limit).max(1))
+                    Timestamp(t.micros() + spread_micros * k.min(expected) / expected)
                 };
                 let rearmed = deliveries::rearm_expired(
                     txn,

@@ -288,6 +288,23 @@ pub async fn finish(
     Ok(())
 }
 
+/// What the key of `id` answers without writing (a bulk retry's dry run,
+/// which records nothing): `None` while the key is free, else the stored
+/// record's answer ([`stored_answer`]: the replay, or 409).
+pub async fn peek<C: ConnectionTrait>(
+    conn: &C,
+    id: &WriteIdentity,
+    now: Timestamp,
+) -> Result<Option<Value>> {
+    let record = idempotency_record::Entity::find()
+        .filter(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
+        .filter(idempotency_record::Column::Key.eq(id.key.as_str()))
+        .filter(idempotency_record::Column::ExpiresAt.gt(now.micros()))
+        .one(conn)
+        .await?;
+    record.map(|r| stored_answer(&r, id)).transpose()
+}
+
 /// Releases the key of a write that failed after [`begin_held`] committed
 /// its placeholder (a finished record is kept).
 pub async fn abandon<C: ConnectionTrait>(conn: &C, id: &WriteIdentity) -> Result<(), StoreError> {

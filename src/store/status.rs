@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use entity::{audit_record, delivery, event_session, subscription};
+use entity::{audit_record, delivery, event_session, result_event, subscription};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
     sea_query::{Expr, Func},
@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::{
     domain::schema::{Id, Time, Uint64String},
-    domain::{DeliveryState, QueueId, Timestamp, now},
+    domain::{DeliveryState, QueueId, Timestamp, TypeSet, now},
     journal,
     store::{StoreError, state_is},
 };
@@ -118,7 +118,8 @@ pub enum BlockedCode {
     BacklogFull,
     /// The cursor is below the retention floor (`earliest_sequence`).
     HistoryExpired,
-    /// Deliveries wait (or results after the cursor) and no session is open.
+    /// Deliveries wait (or results of its types after the cursor) and no
+    /// session is open.
     NoConsumer,
     /// Deliveries spent their attempts and wait for an admin's retry.
     ExpiredDeliveries,
@@ -133,6 +134,46 @@ pub struct Blocked {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Uint64String>, nullable = false)]
     pub earliest_sequence: Option<String>,
+}
+
+/// Entries after the cursor that [`takes_any_after_cursor`] looks at: past
+/// them a lag counts as waiting (the read stays bounded).
+const WAITING_SCAN: i64 = 1000;
+
+/// Whether entries of the subscription's types follow its cursor (a lag of
+/// other types only is nothing to wait for).
+async fn takes_any_after_cursor<C: ConnectionTrait>(
+    conn: &C,
+    sub: &subscription::Model,
+    head: i64,
+) -> Result<bool, StoreError> {
+    if head - sub.cursor_sequence > WAITING_SCAN {
+        return Ok(true);
+    }
+    let types = TypeSet::from_db(&sub.types);
+    if types == TypeSet::ALL {
+        return Ok(true);
+    }
+    let first: Option<i64> = result_event::Entity::find()
+        .select_only()
+        .column(result_event::Column::Sequence)
+        .filter(result_event::Column::QueueId.eq(sub.queue_id.as_str()))
+        .filter(result_event::Column::Sequence.gt(sub.cursor_sequence))
+        .filter(result_event::Column::Sequence.lte(head))
+        .filter(
+            result_event::Column::EventType.is_in(
+                types
+                    .to_vec()
+                    .iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>(),
+            ),
+        )
+        .limit(1)
+        .into_tuple()
+        .one(conn)
+        .await?;
+    Ok(first.is_some())
 }
 
 /// The states of a row that is not ACKED: named, so that each is a range
@@ -264,7 +305,9 @@ pub async fn read<C: ConnectionTrait>(
             None,
         );
     }
-    if sessions.is_empty() && (pending > 0 || lag > 0) {
+    if sessions.is_empty()
+        && (pending > 0 || (lag > 0 && takes_any_after_cursor(conn, sub, head).await?))
+    {
         add(
             BlockedCode::NoConsumer,
             "results wait and no consumer is connected",

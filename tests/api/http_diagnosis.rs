@@ -15,6 +15,17 @@ const HISTORY: &str = "/v1/subscriptions/{id}/deliveries/{delivery_id}/history";
 const STATUS: &str = "/v1/subscriptions/{id}/status";
 const BULK: &str = "/v1/subscriptions/{id}/deliveries:retry";
 
+/// Leases of 300 ms, recovered by a sweep every 100 ms (also without a
+/// claim, for subscriptions nobody consumes).
+async fn spawn_sweeping_app() -> TestApp {
+    spawn_app_with(|s| {
+        s.timing.lease_ms = 300;
+        s.timing.scan_interval_ms = 50;
+        s.timing.sweep_interval_ms = 100;
+    })
+    .await
+}
+
 async fn history_of(app: &TestApp, token: &str, sub_id: &str, delivery_id: &str) -> Vec<Value> {
     let res = app
         .get(
@@ -70,12 +81,7 @@ async fn delivery_state(app: &TestApp, token: &str, sub_id: &str, id: &str) -> V
 #[actix_web::test]
 async fn a_delivery_history_shows_every_lease_how_it_ended_a_refused_ack_the_retry_and_the_ack_in_order()
  {
-    let app = spawn_app_with(|s| {
-        s.timing.lease_ms = 300;
-        s.timing.scan_interval_ms = 50;
-        s.timing.sweep_interval_ms = 100;
-    })
-    .await;
+    let app = spawn_sweeping_app().await;
     let cred = app.bootstrap().await;
     let sub = app
         .subscribe(&cred, json!({ "from_sequence": "0", "max_attempts": 2 }))
@@ -345,12 +351,7 @@ async fn expired_deliveries(app: &TestApp, cred: &Cred, n: usize) -> String {
 
 #[actix_web::test]
 async fn a_bulk_retry_rearms_exactly_its_range_once_per_key_and_a_dry_run_writes_nothing() {
-    let app = spawn_app_with(|s| {
-        s.timing.lease_ms = 300;
-        s.timing.scan_interval_ms = 50;
-        s.timing.sweep_interval_ms = 100;
-    })
-    .await;
+    let app = spawn_sweeping_app().await;
     let cred = app.bootstrap().await;
     let sub_id = expired_deliveries(&app, &cred, 5).await;
     let path = format!("/v1/subscriptions/{sub_id}/deliveries:retry");
@@ -419,6 +420,11 @@ async fn a_bulk_retry_rearms_exactly_its_range_once_per_key_and_a_dry_run_writes
     assert_eq!(retried["reason"], "downstream fixed");
     assert_eq!(retried["additional_attempts"], 2);
 
+    // A dry run under a key already used for another request is 409.
+    app.post(&path, &cred.token, "bulk-1", &dry)
+        .await
+        .assert_error(409, "IDEMPOTENCY_CONFLICT");
+
     // Above 10,000 is refused with the field named; nothing changes.
     let mut big = range.clone();
     big["limit"] = json!(10001);
@@ -436,12 +442,7 @@ async fn a_bulk_retry_rearms_exactly_its_range_once_per_key_and_a_dry_run_writes
 
 #[actix_web::test]
 async fn a_bulk_retry_with_a_spread_makes_the_deliveries_available_over_it() {
-    let app = spawn_app_with(|s| {
-        s.timing.lease_ms = 300;
-        s.timing.scan_interval_ms = 50;
-        s.timing.sweep_interval_ms = 100;
-    })
-    .await;
+    let app = spawn_sweeping_app().await;
     let cred = app.bootstrap().await;
     let sub_id = expired_deliveries(&app, &cred, 4).await;
     let res = app
@@ -449,7 +450,7 @@ async fn a_bulk_retry_with_a_spread_makes_the_deliveries_available_over_it() {
             &format!("/v1/subscriptions/{sub_id}/deliveries:retry"),
             &cred.token,
             "spread-1",
-            &json!({"reason": "slowly", "additional_attempts": 1, "limit": 4, "spread_ms": 60000}),
+            &json!({"reason": "slowly", "additional_attempts": 1, "limit": 100, "spread_ms": 60000}),
         )
         .await;
     assert_eq!(res.status, 200, "{:#}", res.body);
@@ -539,4 +540,49 @@ async fn metrics_show_each_subscriptions_expired_deliveries_and_oldest_unacked_a
             &labels
         ) > 0.0
     );
+}
+
+#[actix_web::test]
+async fn a_connection_reset_while_holding_a_lease_is_recorded_as_1006_not_as_a_malformed_frame() {
+    let app = spawn_sweeping_app().await;
+    let cred = app.bootstrap().await;
+    let sub_id = subscription(&app, &cred).await;
+    app.publish(&cred, vec![result(&cred.queue_id, "task.failed")])
+        .await;
+    let mut ws = app.bind(&cred.token, &sub_id, 1).await;
+    let deliver = ws.delivery().await;
+    let id = deliver["body"]["delivery"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A reset, not a close.
+    crate::pool::reset(ws);
+    let closed = eventually("the session's close in the history", || async {
+        let items = history_of(&app, &cred.token, &sub_id, &id).await;
+        items.into_iter().find(|s| s["step"] == "SESSION_CLOSED")
+    })
+    .await;
+    assert_eq!(closed["close_code"], 1006, "{closed:#}");
+}
+
+#[actix_web::test]
+async fn status_counts_no_missing_consumer_for_results_of_types_the_subscription_does_not_take() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app
+        .subscribe(
+            &cred,
+            json!({ "from_sequence": "0", "types": ["task.cancelled"] }),
+        )
+        .await;
+    let sub_id = sub["id"].as_str().unwrap();
+    app.publish(&cred, vec![result(&cred.queue_id, "task.failed")])
+        .await;
+    let status = status_of(&app, &cred.token, sub_id).await;
+    assert_eq!(status["lag"], "1");
+    assert_eq!(blocked_codes(&status), Vec::<String>::new(), "{status:#}");
+    app.publish(&cred, vec![result(&cred.queue_id, "task.cancelled")])
+        .await;
+    let status = status_of(&app, &cred.token, sub_id).await;
+    assert_eq!(blocked_codes(&status), ["NO_CONSUMER"], "{status:#}");
 }

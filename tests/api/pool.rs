@@ -279,7 +279,7 @@ async fn the_129th_connection_gets_429_with_retry_after_1_and_is_admitted_once_o
 
 /// Closes the client side of `ws` abruptly: SO_LINGER 0 makes the kernel
 /// answer with a TCP reset instead of a FIN.
-fn reset(ws: WsClient) {
+pub fn reset(ws: WsClient) {
     if let MaybeTlsStream::Plain(tcp) = ws.stream.get_ref() {
         socket2::SockRef::from(tcp)
             .set_linger(Some(Duration::ZERO))

@@ -652,6 +652,22 @@ async fn diagnosis_commands_show_status_history_queues_and_retry_in_bulk_with_th
         "{}",
         done.stdout
     );
+    let stray = cli(
+        &app,
+        t,
+        &[
+            "deliveries",
+            "retry",
+            &sub,
+            id,
+            "--reason",
+            "x",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(stray.code, Some(1), "{}", stray.stdout);
+    assert!(stray.stderr.contains("--expired"), "{}", stray.stderr);
     let both = cli(
         &app,
         t,
@@ -699,6 +715,31 @@ async fn diagnosis_commands_show_status_history_queues_and_retry_in_bulk_with_th
     assert_eq!(snapshot["revision"], "3");
     assert_eq!(snapshot["state"], "FAILED");
     assert!(text.contains("12345678901234567890.5"), "{text}");
+    // The same key and time again: the original answer.
+    let once = [
+        "publish",
+        &cred.queue_id,
+        "--type",
+        "succeeded",
+        "--task",
+        "7a5c0000000000000000000000000008",
+        "--occurred-at",
+        "2026-09-17T10:00:00.123456Z",
+        "--idempotency-key",
+        "publish-once",
+    ];
+    let first = cli(&app, t, &once).await;
+    assert!(
+        first.ok().starts_with("Published event"),
+        "{}",
+        first.stdout
+    );
+    let again = cli(&app, t, &once).await;
+    assert!(
+        again.ok().contains("nothing was appended now"),
+        "{}",
+        again.stdout
+    );
     let bad = cli(
         &app,
         t,

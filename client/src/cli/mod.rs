@@ -258,9 +258,10 @@ pub struct RetryArgs {
     /// With --expired: the highest sequence to re-arm.
     #[arg(long = "to", value_name = "SEQUENCE", requires = "expired")]
     pub to_sequence: Option<u64>,
-    /// With --expired: at most this many deliveries, 1-10000.
-    #[arg(long, value_name = "N", default_value_t = 1000, requires = "expired")]
-    pub limit: u32,
+    /// With --expired: at most this many deliveries, 1-10000 [default:
+    /// 1000].
+    #[arg(long, value_name = "N", requires = "expired")]
+    pub limit: Option<u32>,
     /// With --expired: count what would be re-armed; change nothing.
     #[arg(long, requires = "expired")]
     pub dry_run: bool,
@@ -317,9 +318,13 @@ pub struct PublishArgs {
     /// The task's id (32 lowercase hex characters).
     #[arg(long, value_name = "TASK_ID")]
     pub task: String,
-    /// The task's revision (a positive number).
+    /// The task's revision.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub revision: u64,
+    /// When the result occurred (RFC 3339) [default: now]. To repeat a
+    /// publish with the same --idempotency-key, give the same time.
+    #[arg(long, value_name = "TIME")]
+    pub occurred_at: Option<crate::Time>,
     /// The task's result: any JSON, kept byte for byte.
     #[arg(long, value_name = "JSON", conflicts_with = "result_file")]
     pub result: Option<String>,
@@ -500,7 +505,7 @@ pub async fn run_deliveries(args: DeliveriesArgs) -> Result<(), CliError> {
                 additional_attempts: retry.additional_attempts,
                 from_sequence: retry.from_sequence,
                 to_sequence: retry.to_sequence,
-                limit: retry.limit,
+                limit: retry.limit.unwrap_or(1000),
                 dry_run: retry.dry_run,
                 spread_ms: retry.spread_ms,
             };
@@ -511,6 +516,21 @@ pub async fn run_deliveries(args: DeliveriesArgs) -> Result<(), CliError> {
             out.value(&receipt, || output::retry_receipt(&receipt))?;
         }
         DeliveriesCommand::Retry(retry) => {
+            // clap's `requires` counts a flag left false as given: the
+            // options of --expired are checked here.
+            let range_only = [
+                ("--from", retry.from_sequence.is_some()),
+                ("--to", retry.to_sequence.is_some()),
+                ("--limit", retry.limit.is_some()),
+                ("--dry-run", retry.dry_run),
+                ("--spread-ms", retry.spread_ms.is_some()),
+            ];
+            if let Some((flag, _)) = range_only.iter().find(|(_, given)| *given) {
+                return Err(CliError(format!(
+                    "{flag} applies to a retry of every EXPIRED delivery: add --expired \
+                     (and leave out DELIVERY_ID)"
+                )));
+            }
             let Some(delivery_id) = retry.delivery_id.clone() else {
                 return Err(CliError(
                     "name a DELIVERY_ID, or pass --expired for every EXPIRED delivery".to_owned(),
@@ -581,7 +601,7 @@ pub async fn run_publish(args: PublishArgs) -> Result<(), CliError> {
         &args.queue_id,
         &args.task,
         args.revision,
-        chrono::Utc::now(),
+        args.occurred_at.unwrap_or_else(chrono::Utc::now),
     );
     result.snapshot.effect_uncertain = args.effect_uncertain;
     let text = match (&args.result, &args.result_file) {
@@ -610,7 +630,21 @@ pub async fn run_publish(args: PublishArgs) -> Result<(), CliError> {
     let published = client
         .publish_results(&args.queue_id, &key, std::slice::from_ref(&result))
         .await
-        .map_err(|e| explain(e, remote))?;
+        .map_err(|e| {
+            let repeat =
+                e.code() == Some(&ErrorCode::IdempotencyConflict) && args.occurred_at.is_none();
+            let mut e = explain(e, remote);
+            if repeat {
+                e.0.push_str(&format!(
+                    "\nhint: a repeated publish must be the same request: pass the first \
+                     run's time with --occurred-at (this run used {})",
+                    result
+                        .occurred_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                ));
+            }
+            e
+        })?;
     out.value(&published, || {
         let lines: Vec<String> = published
             .events
@@ -716,7 +750,9 @@ fn explain(error: Error, remote: &Remote) -> CliError {
              `bootstrap` names the database it created the credential in: it must be this node's)"
         ),
         Some(ErrorCode::PermissionDenied) => "\nhint: reading needs events:read and writing \
-                                              events:manage (bootstrap --event-access grants both)"
+                                              events:manage (bootstrap --event-access grants \
+                                              both); publishing needs results:publish \
+                                              (--publish-access)"
             .to_owned(),
         Some(ErrorCode::NotFound) => "\nhint: ids are 32 hex characters; a credential sees only \
                                       its own subscriptions, on queues in its scope"

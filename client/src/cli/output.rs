@@ -32,6 +32,22 @@ fn fields(rows: Vec<(&str, String)>) -> String {
     table.trim_fmt()
 }
 
+/// Text from the server as one line: control characters (escape
+/// sequences, newlines) are shown escaped, so a reason cannot redraw the
+/// terminal or fake a row.
+fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 fn time(t: &Time) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
@@ -210,7 +226,10 @@ pub fn status_detail(s: &SubscriptionStatus) -> String {
         ),
         (
             "cursor",
-            format!("{} ({} results after it)", s.cursor_sequence, s.lag),
+            format!(
+                "{} (results after it, of any type: {})",
+                s.cursor_sequence, s.lag
+            ),
         ),
         (
             "backlog",
@@ -259,7 +278,7 @@ pub fn status_detail(s: &SubscriptionStatus) -> String {
                 time(&c.at),
                 c.credential_id,
                 c.revision,
-                c.reason
+                printable(&c.reason)
             ),
         ));
     }
@@ -269,7 +288,10 @@ pub fn status_detail(s: &SubscriptionStatus) -> String {
             .as_ref()
             .map(|e| format!(" (earliest sequence {e})"))
             .unwrap_or_default();
-        rows.push(("blocked", format!("{}{earliest}: {}", b.code, b.message)));
+        rows.push((
+            "blocked",
+            format!("{}{earliest}: {}", b.code, printable(&b.message)),
+        ));
     }
     fields(rows)
 }
@@ -315,14 +337,14 @@ fn step_detail(s: &DeliveryStep) -> String {
         StepKind::SessionClosed => format!(
             "the session closed while holding the lease ({} {})",
             s.close_code.map(|c| c.to_string()).unwrap_or_default(),
-            s.reason.clone().unwrap_or_default()
+            printable(s.reason.as_deref().unwrap_or_default())
         ),
         StepKind::Retried => format!(
             "retried by credential {} with +{} attempts ({}): {}",
             s.credential_id.clone().unwrap_or_default(),
             s.additional_attempts.unwrap_or(0),
             budget(),
-            s.reason.clone().unwrap_or_default()
+            printable(s.reason.as_deref().unwrap_or_default())
         ),
         StepKind::Acked => "ACKed".to_owned(),
     }

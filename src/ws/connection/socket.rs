@@ -121,6 +121,12 @@ impl ConnectionActor {
                             ));
                             return;
                         }
+                        // The connection broke (reset, EOF inside a frame):
+                        // the peer went away, it sent nothing malformed.
+                        Some(Err(ProtocolError::Io(_))) => {
+                            addr.do_send(ReaderEvent::PeerGone);
+                            return;
+                        }
                         Some(Err(_)) => {
                             addr.do_send(ReaderEvent::Violation(
                                 CloseCode::Protocol,
