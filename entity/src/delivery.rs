@@ -29,8 +29,9 @@ pub struct Model {
     pub acknowledged_at: Option<i64>,
     /// The lease epoch the ACK proved (delivery-model.md §2).
     pub ack_epoch: Option<i64>,
-    /// The session the ACK came on; absent for rows ACKED before
-    /// migration 0079, which did not record it.
+    /// The session the ACK came on when it is not `lease_session_id` (an
+    /// ACK on the leasing session leaves it NULL, decision 0081); absent
+    /// too for rows ACKED before migration 0079, which recorded neither.
     pub ack_session_id: Option<String>,
     pub created_at: i64,
 }

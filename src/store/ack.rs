@@ -10,7 +10,7 @@ use entity::{credential, delivery, subscription};
 use sea_orm::{
     ColumnTrait, Condition, DatabaseTransaction, DbBackend, EntityTrait, ExprTrait, QueryFilter,
     QueryOrder, QuerySelect,
-    sea_query::{CaseStatement, Expr, Query},
+    sea_query::{CaseStatement, Expr, Func, Query},
 };
 
 use crate::{
@@ -349,7 +349,16 @@ async fn write_acks_in(
             delivery::Column::AckEpoch,
             Expr::col(delivery::Column::LeaseEpoch),
         )
-        .col_expr(delivery::Column::AckSessionId, sessions.into())
+        // Recorded only when it differs from the lease's session, which
+        // stays on the row: the ACKED row, kept for days, does not carry
+        // the same 32 characters twice (decision 0081).
+        .col_expr(
+            delivery::Column::AckSessionId,
+            Func::cust("NULLIF")
+                .arg(sessions)
+                .arg(Expr::col(delivery::Column::LeaseSessionId))
+                .into(),
+        )
         .col_expr(
             delivery::Column::Revision,
             Expr::col(delivery::Column::Revision).add(1),

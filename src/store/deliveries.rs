@@ -103,12 +103,22 @@ impl From<&delivery::Model> for DeliveryView {
                 .ack_epoch
                 .filter(|_| state == DeliveryState::Acked)
                 .map(|e| e.to_string()),
-            ack_session_id: m
-                .ack_session_id
-                .clone()
-                .filter(|_| state == DeliveryState::Acked),
+            ack_session_id: ack_session_of(m).map(str::to_owned),
         }
     }
+}
+
+/// The session an ACKED row's ACK came on: `ack_session_id`, recorded only
+/// when it differs from the lease's session, else `lease_session_id`
+/// (decision 0081); `None` for rows ACKED before migration 0079 and for
+/// rows not ACKED.
+pub fn ack_session_of(m: &delivery::Model) -> Option<&str> {
+    if m.state != DeliveryState::Acked {
+        return None;
+    }
+    m.ack_session_id
+        .as_deref()
+        .or(m.lease_session_id.as_deref())
 }
 
 /// The cumulative `attempt_budget` a retry may reach (spec:

@@ -414,9 +414,10 @@ fn compose(
         && let Some(at) = d.acknowledged_at
     {
         let mut step = Step::new(StepKind::Acked, at);
+        let session = crate::store::deliveries::ack_session_of(d);
         step.epoch = d.ack_epoch.map(|e| e.to_string());
-        step.session_id = d.ack_session_id.clone();
-        step.node_id = node_of(d.ack_session_id.as_deref());
+        step.node_id = node_of(session);
+        step.session_id = session.map(str::to_owned);
         steps.push(step);
     }
     // By time; at the same microsecond, in the order the state machine

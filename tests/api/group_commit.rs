@@ -58,7 +58,7 @@ async fn ack_recorded(app: &TestApp, r: &AckRequest) -> i64 {
     );
     app.scalar(&format!(
         "SELECT COUNT(*) FROM deliveries WHERE id = '{}' AND state = 'ACKED' \
-         AND ack_epoch = {} AND ack_session_id = '{}'",
+         AND ack_epoch = {} AND COALESCE(ack_session_id, lease_session_id) = '{}'",
         r.proof.delivery_id, r.proof.epoch, r.session_id
     ))
     .await

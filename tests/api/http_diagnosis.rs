@@ -207,10 +207,15 @@ async fn a_delivery_leased_once_and_acked_writes_no_history_row() {
     let items = history_of(&app, &cred.token, &sub_id, id).await;
     let kinds: Vec<String> = steps(&items).into_iter().map(|(s, _)| s).collect();
     assert_eq!(kinds, ["MATERIALIZED", "LEASED", "ACKED"], "{items:#?}");
-    assert_eq!(
-        items[2]["session_id"],
-        json!(ws.session_id.clone().unwrap())
-    );
+    let session = json!(ws.session_id.clone().unwrap());
+    assert_eq!(items[1]["session_id"], session, "the lease's session");
+    assert_eq!(items[1]["node_id"], json!(app.state.node_id.as_str()));
+    assert_eq!(items[2]["session_id"], session, "the ACK's session");
+    // Stored once: an ACK on the leasing session records no second copy.
+    let copies = app
+        .scalar("SELECT COUNT(*) FROM deliveries WHERE ack_session_id IS NOT NULL")
+        .await;
+    assert_eq!(copies, 0);
 }
 
 #[actix_web::test]
@@ -585,4 +590,25 @@ async fn status_counts_no_missing_consumer_for_results_of_types_the_subscription
         .await;
     let status = status_of(&app, &cred.token, sub_id).await;
     assert_eq!(blocked_codes(&status), ["NO_CONSUMER"], "{status:#}");
+}
+
+#[actix_web::test]
+async fn an_ack_sent_on_another_session_is_told_apart_from_the_lease_it_proves() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub_id = subscription(&app, &cred).await;
+    app.publish(&cred, vec![result(&cred.queue_id, "task.failed")])
+        .await;
+    let mut a = app.bind(&cred.token, &sub_id, 1).await;
+    let deliver = a.delivery().await;
+    let mut b = app.bind(&cred.token, &sub_id, 1).await;
+    assert_eq!(b.ack(&deliver).await["type"], "ack");
+    let id = deliver["body"]["delivery"]["id"].as_str().unwrap();
+    let items = history_of(&app, &cred.token, &sub_id, id).await;
+    assert_eq!(items[1]["step"], "LEASED");
+    assert_eq!(items[1]["session_id"], json!(a.session_id.clone().unwrap()));
+    assert_eq!(items[2]["step"], "ACKED");
+    assert_eq!(items[2]["session_id"], json!(b.session_id.clone().unwrap()));
+    let view = delivery_state(&app, &cred.token, &sub_id, id).await;
+    assert_eq!(view["ack_session_id"], json!(b.session_id.clone().unwrap()));
 }

@@ -67,7 +67,7 @@ async fn the_lean_row_migration_upgrades_a_database_with_acked_rows_in_place_and
         assert_eq!(
             app.scalar(&format!(
                 "SELECT COUNT(*) FROM deliveries WHERE id = '{}' AND state = 'ACKED' \
-                 AND ack_epoch = 1 AND ack_session_id = '{}'",
+                 AND ack_epoch = 1 AND COALESCE(ack_session_id, lease_session_id) = '{}'",
                 d["body"]["delivery"]["id"].as_str().unwrap(),
                 d["session_id"].as_str().unwrap()
             ))

@@ -168,7 +168,7 @@ async fn the_same_ack_sent_twice_answers_deduplicated_with_the_original_acknowle
     let recorded = app
         .scalar(&format!(
             "SELECT COUNT(*) FROM deliveries WHERE id = '{}' AND ack_epoch = 1 \
-             AND ack_session_id = '{}'",
+             AND COALESCE(ack_session_id, lease_session_id) = '{}'",
             d["body"]["delivery"]["id"].as_str().unwrap(),
             d["session_id"].as_str().unwrap()
         ))
