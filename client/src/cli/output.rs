@@ -227,7 +227,7 @@ pub fn status_detail(s: &SubscriptionStatus) -> String {
         (
             "cursor",
             format!(
-                "{} (results after it, of any type: {})",
+                "{} ({} after it in the log, of any type)",
                 s.cursor_sequence, s.lag
             ),
         ),
