@@ -30,8 +30,13 @@ use crate::{
                   docs/ have the guides."
 )]
 pub struct Cli {
-    /// Write log lines as JSON (to stderr).
-    #[arg(long, global = true, help_heading = "Logging")]
+    /// Write log lines as JSON (to stderr), one object per line.
+    #[arg(
+        long,
+        global = true,
+        env = "ORBIT_EVENTS_LOG_JSON",
+        help_heading = "Logging"
+    )]
     pub log_json: bool,
 
     #[command(subcommand)]

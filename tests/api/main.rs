@@ -18,6 +18,7 @@ mod http_openapi;
 mod http_subscriptions;
 mod http_support;
 mod lean_row;
+mod logs;
 mod metrics;
 mod multinode;
 #[cfg(feature = "test-hooks")]
