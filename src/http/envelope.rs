@@ -84,7 +84,7 @@ fn on_its_listener(req: &ServiceRequest) -> bool {
 
 /// Paths whose responses are not JSON envelopes on success.
 fn is_raw_path(path: &str) -> bool {
-    path == "/metrics" || path == "/v1/events/connect"
+    matches!(path, "/metrics" | "/openapi.json" | "/v1/events/connect")
 }
 
 /// The [`Commitment`] the middleware shares with the handler of `req`: a

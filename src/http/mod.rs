@@ -8,6 +8,7 @@ pub mod lists;
 pub mod metrics;
 pub mod openapi;
 pub mod queues;
+pub mod reference;
 pub mod request;
 pub mod results;
 pub mod server;
@@ -29,6 +30,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(resource(
         "/readyz",
         vec![("GET", web::get().to(health::readyz))],
+    ))
+    .service(resource(
+        "/openapi.json",
+        vec![("GET", web::get().to(reference::openapi_json))],
     ))
     .service(resource(
         "/metrics",

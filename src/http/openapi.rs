@@ -25,7 +25,7 @@ use utoipa::{
 pub use crate::domain::schema::*;
 use crate::{
     error::ErrorCode,
-    http::{deliveries, health, metrics, queues, results, subscriptions},
+    http::{deliveries, health, metrics, queues, reference, results, subscriptions},
     store::{deliveries::DeliveryView, subscriptions::SubscriptionView},
 };
 
@@ -67,6 +67,7 @@ speaks the `orbit.events.v1` frame protocol, which is described separately.",
         health::healthz,
         health::readyz,
         metrics::metrics,
+        reference::openapi_json,
     ),
     components(schemas(ErrorEnvelope, ErrorBody, ErrorCodeName)),
     modifiers(&Common),

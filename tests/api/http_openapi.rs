@@ -40,6 +40,7 @@ fn the_document_is_openapi_3_1_and_lists_every_management_route() {
         [
             "GET /healthz",
             "GET /metrics",
+            "GET /openapi.json",
             "GET /readyz",
             "GET /v1/queues",
             "GET /v1/subscriptions",
@@ -107,4 +108,31 @@ fn the_uint64_pattern_accepts_exactly_the_canonical_strings_up_to_the_maximum() 
     ] {
         assert!(!accepts(bad), "{bad}");
     }
+}
+
+#[actix_web::test]
+async fn the_node_serves_the_committed_document_at_openapi_json_with_servers_naming_itself() {
+    let app = spawn_app().await;
+    // No token: the reference is public, like /healthz.
+    let res = app
+        .http
+        .get(format!("{}/openapi.json", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let mut served: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        served["servers"],
+        serde_json::json!([{ "url": app.address }]),
+        "servers names the node as the request reached it"
+    );
+    served.as_object_mut().unwrap().remove("servers");
+    let committed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(committed_path()).unwrap()).unwrap();
+    assert!(
+        served == committed,
+        "the served document is docs/openapi.json plus servers"
+    );
 }
