@@ -11,7 +11,11 @@ use crate::{
     config::{Settings, redact_url},
     domain::{CredentialId, Permission, SubscriptionName},
     startup::Application,
-    store::{Database, tenancy},
+    store::{
+        Database,
+        file_lock::{FileLock, lock_sqlite_file},
+        tenancy,
+    },
     telemetry,
 };
 
@@ -176,8 +180,15 @@ async fn open(settings: &Settings) -> Result<Database, String> {
     Ok(db)
 }
 
+/// The lock of the node's SQLite file (none for PostgreSQL), held until
+/// the caller ends: a second `serve` or `migrate` on the file stops here.
+fn lock(settings: &Settings) -> Result<Option<FileLock>, String> {
+    lock_sqlite_file(&settings.database.url).map_err(|e| e.to_string())
+}
+
 async fn serve(args: ConfigArg) -> Result<(), String> {
     let settings = load(&args)?;
+    let _lock = lock(&settings)?;
     let db = open(&settings).await?;
     let listen = settings.server.listen.clone();
     let database = database_name(&settings);
@@ -206,6 +217,7 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
 
 async fn migrate(args: ConfigArg) -> Result<(), String> {
     let settings = load(&args)?;
+    let _lock = lock(&settings)?;
     open(&settings).await?;
     tracing::info!("migrations applied to {}", database_name(&settings));
     Ok(())

@@ -47,7 +47,7 @@ const POOL_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum StartupError {
     #[error("database: {0}")]
     Database(#[from] crate::store::StoreError),
-    #[error("cannot listen on {address}: {source}")]
+    #[error("cannot listen on {address}: {source}{hint}", hint = listen_hint(.source))]
     Listen {
         address: String,
         source: std::io::Error,
@@ -327,6 +327,18 @@ async fn drain(state: &AppState, handle: ServerHandle) {
         Err(err) => tracing::warn!(error = %err, "could not close this node's sessions"),
     }
     handle.stop(!state.shutdown.is_prompt()).await;
+}
+
+/// What to do about a listen error, when there is something to say.
+fn listen_hint(source: &std::io::Error) -> &'static str {
+    match source.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "; another process serves there: choose another address (ORBIT_EVENTS__SERVER__LISTEN \
+             for server.listen, ORBIT_EVENTS__SERVER__METRICS_LISTEN for server.metrics_listen); \
+             a second node on SQLite also needs its own database file"
+        }
+        _ => "",
+    }
 }
 
 /// Binds `address` (`host:port`); the error names it.

@@ -15,6 +15,7 @@ pub mod backlog;
 pub mod claim;
 pub mod deliveries;
 pub mod error;
+pub mod file_lock;
 pub mod history;
 pub mod idempotency;
 pub mod list_cursor;

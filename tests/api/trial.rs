@@ -120,3 +120,88 @@ async fn a_heartbeat_interval_not_below_the_read_idle_timeout_stops_start_up_nam
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `orbit-events ARGS` with `env`, which must end within the test deadline
+/// (a command that should have refused to start would run forever).
+fn orbit_events_ending(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_orbit-events"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + crate::helpers::DEADLINE;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "orbit-events {args:?} did not end: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[actix_web::test]
+async fn a_second_serve_or_migrate_on_a_running_nodes_sqlite_file_exits_naming_the_file_and_the_node()
+ {
+    use crate::helpers::*;
+    if skip_unless_backend("sqlite", "the file lock guards a SQLite file") {
+        return;
+    }
+    let mut app = spawn_app().await;
+    let node = crate::protocol_support::NodeProcess::serve_for(&mut app, &[]).await;
+    let url = app.settings.database.url.clone();
+    let file = orbit_events::store::sqlite_path(&url).unwrap().to_owned();
+    let env = [
+        ("ORBIT_EVENTS__DATABASE__URL", url.as_str()),
+        ("ORBIT_EVENTS__SERVER__LISTEN", "127.0.0.1:0"),
+    ];
+    for command in ["serve", "migrate"] {
+        let out = orbit_events_ending(&[command], &env);
+        assert_eq!(out.status.code(), Some(1), "{command}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&file) && stderr.contains(&format!("pid {}", node.child.id())),
+            "{command}: the message names the file and the running node: {stderr}"
+        );
+    }
+    // Offline credential commands still work beside the node.
+    let out = orbit_events(&bootstrap_args(&["--event-access"]), &url);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The first node kept serving.
+    let healthz = app.get("/healthz", "").await;
+    assert_eq!(healthz.status, 200);
+}
+
+#[actix_web::test]
+async fn an_address_in_use_stops_start_up_naming_orbit_events_server_listen() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/in-use.db?mode=rwc", dir.path().display());
+    let out = orbit_events_ending(
+        &["serve"],
+        &[
+            ("ORBIT_EVENTS__DATABASE__URL", url.as_str()),
+            ("ORBIT_EVENTS__SERVER__LISTEN", address.as_str()),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&address) && stderr.contains("ORBIT_EVENTS__SERVER__LISTEN"),
+        "{stderr}"
+    );
+}
