@@ -5,7 +5,7 @@
 
 use std::{
     fs::{File, OpenOptions, TryLockError},
-    io::{Read, Seek, Write},
+    io::{Read, Write},
     path::{Path, PathBuf},
 };
 
@@ -75,8 +75,8 @@ pub fn lock_sqlite_file(url: &str) -> Result<Option<FileLock>, FileLockError> {
         }
         Err(TryLockError::Error(source)) => return Err(io(source)),
     }
+    // Just opened, so at offset 0: truncating leaves only this pid.
     file.set_len(0).map_err(io)?;
-    file.rewind().map_err(io)?;
     writeln!(file, "{}", std::process::id()).map_err(io)?;
     Ok(Some(FileLock { _file: file }))
 }
@@ -89,7 +89,7 @@ fn holder_pid(file: &mut File) -> Option<u32> {
 }
 
 /// The lock file of `database`: the same path with `.lock` appended.
-pub fn lock_path(database: &Path) -> PathBuf {
+fn lock_path(database: &Path) -> PathBuf {
     let mut lock = database.as_os_str().to_owned();
     lock.push(".lock");
     PathBuf::from(lock)
