@@ -14,7 +14,7 @@
 //!   and `orbit-events deliveries …` as a library.
 //!
 //! The Inbox pattern (store by `event.id`, then ACK) is shown in
-//! `docs/consumer-guide.md` and `examples/inbox_consumer.rs` of the
+//! `docs/consumer-guide.md` and `examples/inbox-consumer/` of the
 //! repository. Wire types follow `docs/openapi.json` and
 //! `docs/events.schema.json` field for field.
 

@@ -36,6 +36,7 @@ mod protocol_transcript;
 mod protocol_upgrade;
 mod publish_deadline;
 mod publish_rounds;
+mod python_consumer;
 mod retention;
 mod retention_scope;
 mod sdk_cli;

@@ -1,10 +1,11 @@
 //! Crash verification with real OS processes (quality-bar.md
 //! "Reliability", delivery-model.md §1 promise 3, protocol.md §5): an
-//! `orbit-events serve` process and the `examples/inbox_consumer.rs`
-//! process, each SIGKILLed five times at random moments and started again,
-//! while 10,000 results are published through the node. At the end the
-//! Inbox holds every event exactly once, each was processed once, every
-//! delivery is ACKED, and the duplicates the Inbox absorbed are reported.
+//! `orbit-events serve` process and the `inbox_consumer` process
+//! (`examples/inbox-consumer/`), each SIGKILLed five times at random
+//! moments and started again, while 10,000 results are published through
+//! the node. At the end the Inbox holds every event exactly once, each was
+//! processed once, every delivery is ACKED, and the duplicates the Inbox
+//! absorbed are reported.
 //! Runs on SQLite and on PostgreSQL.
 
 use std::{
@@ -30,15 +31,16 @@ const KILLS_EACH: usize = 5;
 /// How long the whole run may take before the test fails.
 const RUN_DEADLINE: Duration = Duration::from_secs(300);
 
-/// The inbox consumer example, built (or found up to date) by cargo with
-/// this test binary's profile and features: `cargo test --all-targets`
-/// builds examples only as test harnesses, not as programs. Returns its
+/// The inbox consumer (the `inbox_consumer` program of the workspace
+/// package `examples/inbox-consumer/`, decision 0083), built (or found up
+/// to date) by cargo with this test binary's profile and features: `cargo
+/// test` builds no program of another package for a test. Returns its
 /// path.
 pub fn inbox_consumer_exe() -> PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         // The same selection as `scripts/test`, so that nothing but the
-        // example itself is built (another selection would unify features
+        // consumer itself is built (another selection would unify features
         // differently and rebuild the dependencies).
         let mut cargo = Command::new(env!("CARGO"));
         cargo
@@ -72,13 +74,16 @@ pub fn inbox_consumer_exe() -> PathBuf {
         let out = cargo.output().expect("run cargo build");
         assert!(
             out.status.success(),
-            "cargo build --example inbox_consumer failed"
+            "cargo build of the inbox_consumer program failed"
         );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .filter(|m| {
-                m["reason"] == "compiler-artifact" && m["target"]["name"] == "inbox_consumer"
+                m["reason"] == "compiler-artifact"
+                    && m["target"]["name"] == "inbox_consumer"
+                    && m["target"]["kind"] == serde_json::json!(["bin"])
+                    && m["profile"]["test"] == false
             })
             .find_map(|m| m["executable"].as_str().map(PathBuf::from))
             .expect("cargo named the inbox_consumer executable")

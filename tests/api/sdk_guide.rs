@@ -1,13 +1,14 @@
 //! `docs/consumer-guide.md` shows the Inbox pattern in code that is
 //! compiled and run: each of its Rust blocks is a part of
-//! `examples/inbox_consumer.rs` (which the crash test runs), marked there
-//! with `// ANCHOR: name` … `// ANCHOR_END: name`. This test fails when the
-//! two differ; `ORBIT_UPDATE_DOCS=1` rewrites the guide's blocks.
+//! `examples/inbox-consumer/src/main.rs` (which the crash test runs),
+//! marked there with `// ANCHOR: name` … `// ANCHOR_END: name`. This test
+//! fails when the two differ; `ORBIT_UPDATE_DOCS=1` rewrites the guide's
+//! blocks.
 
 use std::{collections::BTreeMap, path::Path};
 
 const GUIDE: &str = "docs/consumer-guide.md";
-const EXAMPLE: &str = "examples/inbox_consumer.rs";
+const EXAMPLE: &str = "examples/inbox-consumer/src/main.rs";
 
 /// The anchored parts of the example, without their common indentation.
 fn anchors(source: &str) -> BTreeMap<String, String> {

@@ -61,7 +61,7 @@ and unconfirmed_acks.
 
 Example:
   export ORBIT_EVENTS_TOKEN=oe_...
-  cargo run --release --example inbox_consumer -- --subscription 0123456789abcdef0123456789abcdef"
+  cargo run --release -p inbox-consumer -- --subscription 0123456789abcdef0123456789abcdef"
 )]
 struct Args {
     /// The subscription to consume: its id (32 hex characters).
