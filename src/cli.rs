@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use orbit_events_client::cli::{
     self as admin, DeliveriesArgs, PublishArgs, QueuesArgs, SubscriptionsArgs,
 };
@@ -68,7 +68,8 @@ pub enum Command {
     /// --publish-access or both. Prints one JSON object on stdout; the token
     /// in it is shown only this once.
     Bootstrap(BootstrapArgs),
-    /// Manage credentials.
+    /// List and revoke credentials, on the node's database (beside a
+    /// running node or without one).
     Credential {
         #[command(subcommand)]
         command: CredentialCommand,
@@ -86,7 +87,22 @@ pub enum Command {
     /// Publish one task result to a queue, on a running node over its HTTP
     /// API (token with results:publish in ORBIT_EVENTS_TOKEN).
     Publish(PublishArgs),
+    /// Print a completion script for SHELL to stdout, e.g. `orbit-events
+    /// completions bash > ~/.local/share/bash-completion/completions/orbit-events`.
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
 }
+
+const COMPLETIONS_HELP: &str = "\
+Install (then open a new shell):
+  bash: orbit-events completions bash > ~/.local/share/bash-completion/completions/orbit-events
+  zsh:  orbit-events completions zsh > ~/.zfunc/_orbit-events
+        (with `fpath+=~/.zfunc; autoload -Uz compinit; compinit` in ~/.zshrc)
+  fish: orbit-events completions fish > ~/.config/fish/completions/orbit-events.fish";
 
 /// How `bootstrap` prints the new credential.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -123,8 +139,28 @@ pub struct BootstrapArgs {
     pub format: BootstrapFormat,
 }
 
+/// How `credential list` prints the credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListFormat {
+    /// A table for people.
+    Table,
+    /// One JSON array, for scripts.
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum CredentialCommand {
+    /// List every credential of the node's database, revoked ones too,
+    /// oldest first: id, namespace, application, permissions, queue scope,
+    /// when created and revoked; never a token or its digest. Reads the
+    /// database directly and works beside a running node.
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Output: `table` or `json` (one array; ids as well as names).
+        #[arg(long, value_name = "FORMAT", default_value = "table")]
+        format: ListFormat,
+    },
     /// Revoke a credential: its token stops working on HTTP at once, and
     /// its WebSocket sessions are closed at their next ping or claim.
     Revoke {
@@ -144,6 +180,9 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Migrate(args) => migrate(args).await,
         Command::Bootstrap(args) => bootstrap(args).await,
         Command::Credential {
+            command: CredentialCommand::List { config, format },
+        } => list_credentials(config, format).await,
+        Command::Credential {
             command:
                 CredentialCommand::Revoke {
                     config,
@@ -156,6 +195,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Deliveries(args) => admin::run_deliveries(args).await.map_err(|e| e.to_string()),
         Command::Queues(args) => admin::run_queues(args).await.map_err(|e| e.to_string()),
         Command::Publish(args) => admin::run_publish(args).await.map_err(|e| e.to_string()),
+        Command::Completions { shell } => completions(shell),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -313,4 +353,105 @@ async fn revoke(args: ConfigArg, credential_id: &str) -> Result<(), String> {
         Ok(None) => Err(format!("no credential {id}")),
         Err(e) => Err(format!("revoke failed: {e}")),
     }
+}
+
+/// `credential list`: a read of the database as it is, so it takes no lock
+/// (decision 0082) and applies no migration, and it refuses to create a
+/// SQLite file that is not there (most likely the wrong working directory).
+async fn list_credentials(args: ConfigArg, format: ListFormat) -> Result<(), String> {
+    let settings = load(&args)?;
+    let database = database_name(&settings);
+    if let Some(path) = crate::store::sqlite_path(&settings.database.url)
+        && !std::path::Path::new(path).exists()
+    {
+        return Err(format!(
+            "no database at {database}: give the node's configuration (--config, \
+             ORBIT_EVENTS__DATABASE__URL) or run from the node's working directory"
+        ));
+    }
+    let db = Database::connect(&settings.database)
+        .await
+        .map_err(|e| format!("cannot open {database}: {e}"))?;
+    let credentials = tenancy::list_credentials(db.reader()).await.map_err(|e| {
+        format!(
+            "cannot list the credentials of {database}: {e} (is it a node's database? \
+                 `orbit-events migrate` creates the tables)"
+        )
+    })?;
+    if credentials.is_empty() {
+        eprintln!(
+            "orbit-events: no credentials in {database}; `orbit-events bootstrap` creates one"
+        );
+    } else {
+        tracing::info!("{} credentials in {database}", credentials.len());
+    }
+    let text = match format {
+        ListFormat::Json => {
+            serde_json::to_string_pretty(&credentials).map_err(|e| e.to_string())?
+        }
+        ListFormat::Table if credentials.is_empty() => return Ok(()),
+        ListFormat::Table => credentials_table(&credentials),
+    };
+    admin::print(&text).map_err(|e| e.to_string())
+}
+
+fn credentials_table(credentials: &[tenancy::CredentialListing]) -> String {
+    let list = |items: Vec<&str>| {
+        if items.is_empty() {
+            "none".to_owned()
+        } else {
+            items.join(",")
+        }
+    };
+    let rows = credentials
+        .iter()
+        .map(|c| {
+            vec![
+                c.credential_id.clone(),
+                c.namespace
+                    .clone()
+                    .unwrap_or_else(|| c.namespace_id.clone()),
+                c.application
+                    .clone()
+                    .unwrap_or_else(|| c.application_id.clone()),
+                list(c.permissions.iter().map(String::as_str).collect()),
+                list(
+                    c.queue_scope
+                        .iter()
+                        .map(|q| q.name.as_deref().unwrap_or(&q.id))
+                        .collect(),
+                ),
+                seconds(c.created_at),
+                c.revoked_at.map_or_else(|| "no".to_owned(), seconds),
+            ]
+        })
+        .collect();
+    admin::plain_table(
+        &[
+            "CREDENTIAL",
+            "NAMESPACE",
+            "APPLICATION",
+            "PERMISSIONS",
+            "QUEUES",
+            "CREATED",
+            "REVOKED",
+        ],
+        rows,
+    )
+}
+
+/// RFC 3339 to the second, as the other tables show times.
+fn seconds(t: crate::domain::Timestamp) -> String {
+    chrono::DateTime::from_timestamp_micros(t.micros()).map_or_else(
+        || t.to_rfc3339(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}
+
+/// `completions SHELL`: clap_complete's script for the whole command line.
+fn completions(shell: clap_complete::Shell) -> Result<(), String> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "orbit-events", &mut script);
+    let script = String::from_utf8(script).map_err(|e| e.to_string())?;
+    admin::print(&script).map_err(|e| e.to_string())
 }

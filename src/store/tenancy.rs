@@ -1,10 +1,14 @@
 //! Namespaces, applications, queues and credentials: `bootstrap`,
-//! authentication lookups and revocation (spec: architecture.md §5).
+//! authentication lookups, the operator's listing and revocation (spec:
+//! architecture.md §5).
 
 use crate::store::StoreError;
 use entity::{application, credential, namespace, queue};
-use sea_orm::{ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, Set,
+};
 use serde::Serialize;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::{
     domain::{
@@ -195,4 +199,113 @@ pub async fn revoke_credential(
         Ok(Some(at))
     })
     .await
+}
+
+/// One credential as `orbit-events credential list` shows it: who holds
+/// access to what, and since when. It has no token nor token digest, so
+/// printing it gives nothing away (spec: architecture.md §5).
+#[derive(Debug, Serialize)]
+pub struct CredentialListing {
+    pub credential_id: String,
+    pub namespace_id: String,
+    /// `None` when the namespace row is missing (never written so).
+    pub namespace: Option<String>,
+    pub application_id: String,
+    /// `None` when the application row is missing.
+    pub application: Option<String>,
+    /// Permission names as stored, e.g. `["events:read"]`; empty for a
+    /// credential that can do nothing but get 403.
+    pub permissions: Vec<String>,
+    /// The queues the credential may touch; empty: none.
+    pub queue_scope: Vec<ScopedQueue>,
+    pub created_at: Timestamp,
+    /// `None` while the credential works.
+    pub revoked_at: Option<Timestamp>,
+}
+
+/// One queue of a credential's scope.
+#[derive(Debug, Serialize)]
+pub struct ScopedQueue {
+    pub id: String,
+    /// `None` when the queue row is missing.
+    pub name: Option<String>,
+}
+
+/// Every credential of the database, revoked ones included, oldest first
+/// (by `created_at`, then id), with the names of its namespace, application
+/// and queues. Reads only: four queries outside a transaction, which is
+/// enough since tenancy rows are never deleted. `Err`: the database failed
+/// (e.g. it was never migrated).
+pub async fn list_credentials<C: ConnectionTrait>(
+    conn: &C,
+) -> Result<Vec<CredentialListing>, StoreError> {
+    let credentials = credential::Entity::find()
+        .order_by_asc(credential::Column::CreatedAt)
+        .order_by_asc(credential::Column::Id)
+        .all(conn)
+        .await?;
+    if credentials.is_empty() {
+        return Ok(Vec::new());
+    }
+    let scopes: Vec<Vec<String>> = credentials
+        .iter()
+        .map(|c| from_json_array(&c.queue_scope))
+        .collect();
+
+    let namespace_ids: BTreeSet<&str> = credentials
+        .iter()
+        .map(|c| c.namespace_id.as_str())
+        .collect();
+    let namespaces: HashMap<String, String> = namespace::Entity::find()
+        .filter(namespace::Column::Id.is_in(namespace_ids))
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|n| (n.id, n.name))
+        .collect();
+    let application_ids: BTreeSet<&str> = credentials
+        .iter()
+        .map(|c| c.application_id.as_str())
+        .collect();
+    let applications: HashMap<String, String> = application::Entity::find()
+        .filter(application::Column::Id.is_in(application_ids))
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|a| (a.id, a.name))
+        .collect();
+    let queue_ids: BTreeSet<&str> = scopes.iter().flatten().map(String::as_str).collect();
+    let queues: HashMap<String, String> = if queue_ids.is_empty() {
+        HashMap::new()
+    } else {
+        queue::Entity::find()
+            .filter(queue::Column::Id.is_in(queue_ids))
+            .all(conn)
+            .await?
+            .into_iter()
+            .map(|q| (q.id, q.name))
+            .collect()
+    };
+
+    Ok(credentials
+        .into_iter()
+        .zip(scopes)
+        .map(|(c, scope)| CredentialListing {
+            namespace: namespaces.get(&c.namespace_id).cloned(),
+            application: applications.get(&c.application_id).cloned(),
+            permissions: from_json_array(&c.permissions),
+            queue_scope: scope
+                .into_iter()
+                .map(|id| ScopedQueue {
+                    name: queues.get(&id).cloned(),
+                    id,
+                })
+                .collect(),
+            created_at: Timestamp(c.created_at),
+            revoked_at: c.revoked_at.map(Timestamp),
+            credential_id: c.id,
+            namespace_id: c.namespace_id,
+            application_id: c.application_id,
+        })
+        .collect())
 }

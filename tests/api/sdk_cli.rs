@@ -514,12 +514,30 @@ async fn every_command_of_orbit_events_and_the_inbox_consumer_explains_itself_in
             );
         }
     }
+    let offline: &[(&[&str], &str)] = &[
+        (&["credential", "list"], "--format <FORMAT>"),
+        (&["credential", "revoke"], "CREDENTIAL_ID"),
+        (&["completions"], "bash-completion"),
+    ];
+    for (args, needle) in offline {
+        let help = cli(&app, None, &[args, &["--help"][..]].concat()).await;
+        let text = help.ok();
+        for needle in ["Usage: orbit-events ", needle] {
+            assert!(
+                text.contains(needle),
+                "`{}`: no {needle}:\n{text}",
+                args.join(" ")
+            );
+        }
+    }
     let top = cli(&app, None, &["--help"]).await;
     for needle in [
         "subscriptions",
         "deliveries",
         "serve",
         "bootstrap",
+        "credential",
+        "completions",
         "ORBIT_EVENTS_URL",
     ] {
         assert!(top.ok().contains(needle), "no {needle} in\n{}", top.stdout);

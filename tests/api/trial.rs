@@ -180,6 +180,19 @@ async fn a_second_serve_or_migrate_on_a_running_nodes_sqlite_file_exits_naming_t
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = orbit_events(&["credential", "list", "--format", "json"], &url);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        listed[0]["credential_id"], created["credential_id"],
+        "{listed}"
+    );
     // The first node kept serving.
     let healthz = app.get("/healthz", "").await;
     assert_eq!(healthz.status, 200);
@@ -205,3 +218,232 @@ async fn an_address_in_use_stops_start_up_naming_orbit_events_server_listen() {
         "{stderr}"
     );
 }
+
+#[actix_web::test]
+async fn completions_for_bash_zsh_and_fish_complete_every_command_and_an_unknown_shell_is_refused()
+{
+    for shell in ["bash", "zsh", "fish"] {
+        let out = orbit_events_ending(&["completions", shell], &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{shell}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let script = String::from_utf8(out.stdout).unwrap();
+        for command in [
+            "serve",
+            "bootstrap",
+            "credential",
+            "revoke",
+            "subscriptions",
+            "deliveries",
+            "completions",
+        ] {
+            assert!(script.contains(command), "{shell}: no {command}");
+        }
+        if shell == "bash" {
+            // The one shell every machine of the suite has: the script parses.
+            let file = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(file.path(), &script).unwrap();
+            let check = Command::new("bash")
+                .arg("-n")
+                .arg(file.path())
+                .output()
+                .unwrap();
+            assert!(
+                check.status.success(),
+                "{}",
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
+    }
+    let out = orbit_events_ending(&["completions", "tcsh"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value 'tcsh'") && stderr.contains("bash"),
+        "{stderr}"
+    );
+}
+
+/// The length of the longest run of hex digits in `text`: a token digest
+/// (SHA-256) is 64, ids are 32.
+fn longest_hex_run(text: &str) -> usize {
+    text.split(|c: char| !c.is_ascii_hexdigit())
+        .map(str::len)
+        .max()
+        .unwrap_or(0)
+}
+
+/// What `credential list` prints must never let its reader act as a
+/// credential: neither token nor digest, on stdout or stderr.
+#[track_caller]
+fn assert_no_secret(out: &Output, tokens: &[&str]) {
+    for text in [&out.stdout, &out.stderr] {
+        let text = String::from_utf8_lossy(text);
+        for token in tokens {
+            assert!(!text.contains(token), "a token is printed: {text}");
+            let digest = orbit_events::domain::token_digest(token);
+            assert!(!text.contains(&digest), "a digest is printed: {text}");
+        }
+        assert!(longest_hex_run(&text) < 64, "a digest-like string: {text}");
+    }
+}
+
+#[actix_web::test]
+async fn credential_list_shows_every_credential_with_its_scope_and_revocation_and_never_a_secret() {
+    let app = crate::helpers::spawn_app().await;
+    let url = app.settings.database.url.clone();
+    let run = |args: &[&str]| {
+        let out = orbit_events(args, &url);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let json = |out: &Output| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+    let first = json(&run(&bootstrap_args(&["--event-access"])));
+    let second = json(&run(&[
+        "bootstrap",
+        "--namespace",
+        "demo",
+        "--application",
+        "publisher",
+        "--queue",
+        "other",
+        "--publish-access",
+    ]));
+    let second_id = second["credential_id"].as_str().unwrap();
+    let revoked = json(&run(&["credential", "revoke", second_id]));
+    let revoked_at = revoked["revoked_at"].as_str().unwrap();
+    let tokens = [
+        first["token"].as_str().unwrap(),
+        second["token"].as_str().unwrap(),
+    ];
+
+    let out = run(&["credential", "list", "--format", "json"]);
+    assert_no_secret(&out, &tokens);
+    let listed = json(&out);
+    let expected = |bootstrap: &serde_json::Value,
+                    application: &str,
+                    queue: &str,
+                    revoked_at: serde_json::Value| {
+        serde_json::json!({
+            "credential_id": bootstrap["credential_id"],
+            "namespace_id": bootstrap["namespace_id"],
+            "namespace": "demo",
+            "application_id": bootstrap["application_id"],
+            "application": application,
+            "permissions": bootstrap["permissions"],
+            "queue_scope": [{"id": bootstrap["queue_id"], "name": queue}],
+            "revoked_at": revoked_at,
+        })
+    };
+    let items = listed.as_array().unwrap();
+    assert_eq!(items.len(), 2, "{listed:#}");
+    let mut without_created = Vec::new();
+    for item in items {
+        let mut item = item.clone();
+        let created = item.as_object_mut().unwrap().remove("created_at").unwrap();
+        orbit_events::domain::Timestamp::parse_rfc3339(created.as_str().unwrap()).unwrap();
+        without_created.push(item);
+    }
+    // Oldest first: the order of the bootstraps.
+    assert_eq!(
+        without_created,
+        [
+            expected(&first, "app", "results", serde_json::Value::Null),
+            expected(&second, "publisher", "other", revoked_at.into()),
+        ],
+        "{listed:#}"
+    );
+    assert_eq!(
+        first["permissions"],
+        serde_json::json!(["events:manage", "events:read", "events:consume"])
+    );
+
+    let out = run(&["credential", "list"]);
+    assert_no_secret(&out, &tokens);
+    let table = String::from_utf8(out.stdout.clone()).unwrap();
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        [
+            "CREDENTIAL",
+            "NAMESPACE",
+            "APPLICATION",
+            "PERMISSIONS",
+            "QUEUES",
+            "CREATED",
+            "REVOKED"
+        ],
+        "{table}"
+    );
+    assert_eq!(rows.len(), 3, "{table}");
+    let to_second = |t: &str| format!("{}Z", &t[..19]);
+    let created = |item: &serde_json::Value| to_second(item["created_at"].as_str().unwrap());
+    assert_eq!(
+        rows[1],
+        [
+            first["credential_id"].as_str().unwrap(),
+            "demo",
+            "app",
+            "events:manage,events:read,events:consume",
+            "results",
+            &created(&items[0]),
+            "no",
+        ],
+        "{table}"
+    );
+    assert_eq!(
+        rows[2],
+        [
+            second_id,
+            "demo",
+            "publisher",
+            "results:publish",
+            "other",
+            &created(&items[1]),
+            &to_second(revoked_at),
+        ],
+        "{table}"
+    );
+}
+
+#[actix_web::test]
+async fn credential_list_says_when_there_is_no_credential_and_never_creates_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("none.db");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    // A read from the wrong folder must not leave an empty database there.
+    let out = orbit_events(&["credential", "list"], &url);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("no database at {}", file.display())),
+        "{stderr}"
+    );
+    assert!(!file.exists());
+
+    assert!(orbit_events(&["migrate"], &url).status.success());
+    let out = orbit_events(&["credential", "list"], &url);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("no credentials in {}", file.display())),
+        "{stderr}"
+    );
+    let out = orbit_events(&["credential", "list", "--format", "json"], &url);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+

@@ -8,6 +8,8 @@
 
 mod output;
 
+pub use output::plain_table;
+
 use std::{fmt, io::Write, str::FromStr};
 
 use clap::{Args, Subcommand};
@@ -811,7 +813,9 @@ impl Output {
     }
 }
 
-fn print(text: &str) -> Result<(), CliError> {
+/// Writes `text` and a newline to stdout; a reader that stopped reading
+/// (`| head`) is not a failure.
+pub fn print(text: &str) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
     match writeln!(stdout, "{}", text.trim_end()).and_then(|()| stdout.flush()) {
         // The reader stopped reading (`| head`): what it wanted, it has.

@@ -19,6 +19,17 @@ fn table(header: &[&str]) -> Table {
     table
 }
 
+/// `rows` under `header` in the style of every table of the command line
+/// (columns separated by two spaces, no borders), for the `orbit-events`
+/// commands that are not HTTP clients (`credential list`).
+pub fn plain_table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut t = table(header);
+    for row in rows {
+        t.add_row(row);
+    }
+    t.trim_fmt()
+}
+
 /// Two columns, `field  value`, no header.
 fn fields(rows: Vec<(&str, String)>) -> String {
     let mut table = Table::new();
