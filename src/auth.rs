@@ -3,7 +3,7 @@
 //! Tokens are stored only as a SHA-256 digest; a token never appears in a
 //! log line, an error message or a URL.
 
-use actix_web::HttpRequest;
+use actix_web::{HttpMessage, HttpRequest};
 
 use crate::{
     domain::Permission,
@@ -58,7 +58,10 @@ pub async fn authenticate(req: &HttpRequest, db: &Database) -> Result<Principal>
         .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty() && !t.contains(' '))
         .ok_or_else(|| Error::unauthenticated("malformed Authorization header; expected Bearer"))?;
-    authenticate_token(token, db).await
+    let principal = authenticate_token(token, db).await?;
+    // For the access log line (`http::access_log`).
+    req.extensions_mut().insert(principal.credential_id.clone());
+    Ok(principal)
 }
 
 /// Resolves a bearer token to its principal (401 when unknown or revoked).

@@ -25,7 +25,7 @@ use crate::{
 #[derive(Debug, Parser)]
 #[command(
     name = "orbit-events",
-    version,
+    version = crate::version::LONG_VERSION,
     propagate_version = true,
     after_help = "serve, migrate, bootstrap and credential work on the node's database (see \
                   --config and config/default.toml); subscriptions and deliveries talk to a \
@@ -232,6 +232,14 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
     let db = open(&settings).await?;
     let listen = settings.server.listen.clone();
     let database = database_name(&settings);
+    // `key=value` pairs, e.g. `timing.lease_ms=2000`: a setting that
+    // differs from the defaults should be seen, not guessed.
+    let changed = settings
+        .differences()
+        .into_iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ");
     let app = Application::build_with_database(settings, db)
         .await
         .map_err(|e| e.to_string())?;
@@ -239,10 +247,16 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
         .rsplit_once(':')
         .map(|(h, _)| h)
         .unwrap_or("127.0.0.1");
+    let address = format!("http://{host}:{port}", port = app.port());
     tracing::info!(
-        "orbit-events listening on http://{host}:{port} (database {database}, node {node})",
-        port = app.port(),
-        node = app.state().node_id,
+        version = crate::version::VERSION,
+        commit = crate::version::COMMIT,
+        %address,
+        %database,
+        node_id = %app.state().node_id,
+        settings = if changed.is_empty() { "defaults" } else { changed.as_str() },
+        "orbit-events {} listening on {address}",
+        crate::version::LONG_VERSION,
     );
     if let Some(port) = app.metrics_port() {
         tracing::info!("metrics on http://{host}:{port}/metrics (server.metrics_listen)");
@@ -250,7 +264,8 @@ async fn serve(args: ConfigArg) -> Result<(), String> {
     tracing::info!(
         "next: create a credential with `cargo run --release -- bootstrap --namespace demo \
          --application app --queue results --event-access --publish-access`, then follow \
-         README.md (walk-through) and docs/ (HTTP API and orbit.events.v1 guides)"
+         README.md (walk-through) and docs/ (HTTP API and orbit.events.v1 guides); the API \
+         reference is served at {address}/docs/"
     );
     app.run_until_signal().await.map_err(|e| e.to_string())
 }

@@ -8,13 +8,13 @@
 use std::{path::Path, time::Duration};
 
 use config::{Config, Environment, File, FileFormat};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The compiled-in defaults, identical to `config/default.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// All settings of a node. Field names are the public configuration keys.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub server: ServerSettings,
@@ -25,7 +25,7 @@ pub struct Settings {
 }
 
 /// `[server]`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     /// `host:port`; port 0 picks a free port.
@@ -40,7 +40,7 @@ pub struct ServerSettings {
 }
 
 /// `[database]`.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
     /// `sqlite://PATH?mode=rwc[&synchronous=full|normal]` or `postgres://...`.
@@ -69,7 +69,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// `[limits]` (delivery-model.md §7).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitSettings {
     pub max_connections: usize,
@@ -83,7 +83,7 @@ pub struct LimitSettings {
 }
 
 /// `[timing]`, all in milliseconds.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimingSettings {
     pub lease_ms: u64,
@@ -121,7 +121,7 @@ impl TimingSettings {
 }
 
 /// `[retention]`, all in seconds.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionSettings {
     pub events_max_age_s: u64,
@@ -139,6 +139,41 @@ impl Settings {
     /// or file.
     pub fn load(file: Option<&Path>) -> Result<Settings, SettingsError> {
         Self::load_from(file, Environment::with_prefix("ORBIT_EVENTS"))
+    }
+
+    /// Every setting whose value differs from the compiled-in defaults, as
+    /// `(key, value)` in file order (`("timing.lease_ms", "2000")`), the
+    /// database URL without its password: what the start line shows.
+    pub fn differences(&self) -> Vec<(String, String)> {
+        let (Ok(ours), Ok(defaults)) = (
+            serde_json::to_value(self),
+            Settings::defaults()
+                .and_then(|d| serde_json::to_value(d).map_err(|e| SettingsError(e.to_string()))),
+        ) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let serde_json::Value::Object(sections) = ours else {
+            return out;
+        };
+        for (section, keys) in sections {
+            let serde_json::Value::Object(keys) = keys else {
+                continue;
+            };
+            for (key, value) in keys {
+                if defaults.get(&section).and_then(|s| s.get(&key)) == Some(&value) {
+                    continue;
+                }
+                let name = format!("{section}.{key}");
+                let shown = match value {
+                    serde_json::Value::String(text) if name == "database.url" => redact_url(&text),
+                    serde_json::Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                out.push((name, shown));
+            }
+        }
+        out
     }
 
     /// The compiled-in defaults only (no file, no environment); used by tests.

@@ -23,4 +23,5 @@ pub mod state;
 pub mod store;
 pub mod strict_json;
 pub mod telemetry;
+pub mod version;
 pub mod ws;

@@ -176,7 +176,30 @@ struct FaultLabels {
     cause: FaultCause,
 }
 
+/// An HTTP request's route template (`/v1/subscriptions/{id}`, or
+/// `unmatched` for a path no route has: labels stay a fixed set), method
+/// and status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpRouteLabels {
+    method: String,
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    commit: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
@@ -220,6 +243,10 @@ pub struct Metrics {
     subscription_backlog: Family<SubscriptionLabels, Gauge>,
     subscription_max_pending: Family<SubscriptionLabels, Gauge>,
     subscription_oldest_unacked: Family<SubscriptionLabels, FloatGauge>,
+
+    http_requests: Family<HttpLabels, Counter>,
+    http_request_duration: HistogramFamily<HttpRouteLabels>,
+    build_info: Family<BuildLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -263,7 +290,16 @@ impl Metrics {
             subscription_backlog: Family::default(),
             subscription_max_pending: Family::default(),
             subscription_oldest_unacked: Family::default(),
+            http_requests: Family::default(),
+            http_request_duration: Family::new_with_constructor(latency_histogram),
+            build_info: Family::default(),
         };
+        m.build_info
+            .get_or_create(&BuildLabels {
+                version: crate::version::VERSION.to_owned(),
+                commit: crate::version::COMMIT.to_owned(),
+            })
+            .set(1);
         m.register();
         m
     }
@@ -419,6 +455,22 @@ impl Metrics {
             Unit::Seconds,
             self.subscription_oldest_unacked.clone(),
         );
+        r.register(
+            "http_requests",
+            "HTTP requests answered, by method, route template and status",
+            self.http_requests.clone(),
+        );
+        r.register_with_unit(
+            "http_request_duration",
+            "Time from an HTTP request's arrival to its answer, by method and route template",
+            Unit::Seconds,
+            self.http_request_duration.clone(),
+        );
+        r.register(
+            "build_info",
+            "1, labelled with the node's version and the commit it was built from (empty when unknown)",
+            self.build_info.clone(),
+        );
     }
 
     /// `n` events were appended to `queue_id`'s log (after the commit).
@@ -467,6 +519,24 @@ impl Metrics {
             .inc();
         self.claim_wait.observe(waited.as_secs_f64());
         self.claim_duration.observe(ran.as_secs_f64());
+    }
+
+    /// An HTTP request to `route` (a template, or `unmatched`) was answered
+    /// `status` after `elapsed`.
+    pub fn http_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        self.http_requests
+            .get_or_create(&HttpLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+                status,
+            })
+            .inc();
+        self.http_request_duration
+            .get_or_create(&HttpRouteLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// The pool refused a claim request (it was full).

@@ -382,6 +382,7 @@ impl LeasePoolActor {
                 self.metrics
                     .outcome(Outcome::LeaseExpired, recovered.to_pending);
                 self.metrics.outcome(Outcome::Expired, recovered.expired);
+                recovered.log_exhausted();
                 (
                     deliveries.len() as u32,
                     *exhausted,

@@ -179,6 +179,7 @@ async fn sweep_in(
         let r = retention::recover_leases(db, t, retention::BATCH).await?;
         report.leases_to_pending += r.to_pending;
         report.leases_expired += r.expired;
+        r.log_exhausted();
         if r.to_pending < retention::BATCH && r.expired < retention::BATCH {
             break;
         }

@@ -218,6 +218,9 @@ pub async fn retry(
         &retry,
     )?;
     let target = sub_id.clone();
+    let credential_id = principal.credential_id.clone();
+    let additional_attempts = retry.additional_attempts;
+    let logged_delivery = delivery_id.clone();
     let written = idempotent_write(&req, &state, identity, StatusCode::OK, |txn| {
         Box::pin(async move {
             let model =
@@ -230,6 +233,13 @@ pub async fn retry(
     })
     .await?;
     if written.applied {
+        tracing::info!(
+            subscription_id = %sub_id,
+            delivery_id = %logged_delivery,
+            %credential_id,
+            additional_attempts,
+            "delivery re-armed by a retry"
+        );
         state.scanner.do_send(SubscriptionChanged {
             subscription_id: sub_id,
             rows_available: true,
@@ -418,6 +428,13 @@ pub async fn bulk_retry(
     match run_bulk_retry(&state, &principal, &sub_id, &bulk, &identity).await {
         Ok((receipt, data)) => {
             if receipt.retried > 0 {
+                tracing::info!(
+                    subscription_id = %sub_id,
+                    credential_id = %principal.credential_id,
+                    matched = receipt.matched,
+                    retried = receipt.retried,
+                    "expired deliveries re-armed by a bulk retry"
+                );
                 wake_over_spread(&state, &sub_id, bulk.spread_ms);
             }
             Ok(respond(&req, StatusCode::OK, data))

@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::{
     domain::MessageId,
     error::{Error, ErrorCode},
-    http::unread_body::UnreadBody,
+    http::{access_log::Access, unread_body::UnreadBody},
     metrics::Operation,
     state::AppState,
     store::Commitment,
@@ -82,9 +82,13 @@ fn on_its_listener(req: &ServiceRequest) -> bool {
     }
 }
 
-/// Paths whose responses are not JSON envelopes on success.
+/// Paths whose responses are not JSON envelopes on success (the API
+/// reference page and its redirects among them).
 fn is_raw_path(path: &str) -> bool {
-    matches!(path, "/metrics" | "/openapi.json" | "/v1/events/connect")
+    matches!(
+        path,
+        "/" | "/docs" | "/metrics" | "/openapi.json" | "/v1/events/connect"
+    ) || path.starts_with("/docs/")
 }
 
 /// The [`Commitment`] the middleware shares with the handler of `req`: a
@@ -98,7 +102,8 @@ pub fn request_commitment(req: &HttpRequest) -> Commitment {
         .unwrap_or_default()
 }
 
-/// Middleware: assigns the request id, applies the management deadline,
+/// Middleware: assigns the request id, writes the access log line
+/// ([`Access`]), applies the management deadline,
 /// renders errors (ours and the framework's) as envelopes, sets the
 /// common headers, and reads what the handler left of the request body
 /// before the answer leaves ([`UnreadBody`]; not for an upgrade request).
@@ -114,6 +119,8 @@ pub async fn envelope(
     // An upgrade request's body is the connection itself, read by the
     // WebSocket (or never, when refused): only a sized or chunked body of a
     // plain request is read to its end.
+    let request_id = MessageId::generate();
+    let access = Access::begin(&req, &request_id);
     let unread = if req.head().upgrade() {
         None
     } else {
@@ -121,18 +128,19 @@ pub async fn envelope(
         req.set_payload(payload);
         Some(unread)
     };
-    let answer = answer(req, next).await;
+    let answer = answer(req, next, request_id).await;
     if let Some(unread) = unread {
         unread.drain().await;
     }
+    access.finish(&answer);
     answer
 }
 
 async fn answer(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
+    request_id: MessageId,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    let request_id = MessageId::generate();
     req.extensions_mut().insert(RequestId(request_id.clone()));
     if !on_its_listener(&req) {
         let err = Error::not_found("no such route").with_request_id(request_id.as_str());

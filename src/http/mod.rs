@@ -1,6 +1,7 @@
 //! The management HTTP API (spec: http-api.md): one module per resource,
 //! handlers named after their verbs.
 
+pub mod access_log;
 pub mod deliveries;
 pub mod envelope;
 pub mod health;
@@ -34,6 +35,18 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(resource(
         "/openapi.json",
         vec![("GET", web::get().to(reference::openapi_json))],
+    ))
+    .service(resource(
+        "/",
+        vec![("GET", web::get().to(reference::index))],
+    ))
+    .service(resource(
+        "/docs",
+        vec![("GET", web::get().to(reference::docs_root))],
+    ))
+    .service(resource(
+        "/docs/{file:.*}",
+        vec![("GET", web::get().to(reference::docs_file))],
     ))
     .service(resource(
         "/metrics",

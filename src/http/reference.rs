@@ -1,9 +1,13 @@
-//! `GET /openapi.json`: the management API's OpenAPI document, served by
-//! the node itself so a client generator or a reader needs no checkout.
-//! Public like `/healthz`: it describes routes, never data or secrets.
+//! `GET /openapi.json`, the management API's OpenAPI document, and `GET
+//! /docs/`, a reference page over it, served by the node itself so a
+//! client generator or a reader needs no checkout and no internet. Public
+//! like `/healthz`: they describe routes, never data or secrets.
 
-use actix_web::{HttpRequest, HttpResponse};
+use std::sync::{Arc, OnceLock};
+
+use actix_web::{HttpRequest, HttpResponse, http::header, web};
 use utoipa::{OpenApi, openapi::server::Server};
+use utoipa_swagger_ui::Config;
 
 use crate::{
     error::{Error, Result},
@@ -36,4 +40,51 @@ pub async fn openapi_json(req: HttpRequest) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok()
         .content_type("application/json")
         .body(body))
+}
+
+/// Swagger UI's settings: the document of this node, and no validator (its
+/// default badge would fetch an image from another host).
+fn swagger_config() -> Arc<Config<'static>> {
+    static CONFIG: OnceLock<Arc<Config<'static>>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            // Relative to `/docs/`: the page works behind a proxy that
+            // mounts the node under a path prefix.
+            Arc::new(Config::from("../openapi.json").validator_url("none"))
+        })
+        .clone()
+}
+
+/// `GET /docs`: redirects (308) to `/docs/`, where the page's relative
+/// links resolve.
+pub async fn docs_root(req: HttpRequest) -> Result<HttpResponse> {
+    no_query(&req)?;
+    Ok(HttpResponse::PermanentRedirect()
+        .insert_header((header::LOCATION, "docs/"))
+        .finish())
+}
+
+/// `GET /`: a person opening the node in a browser lands on the reference.
+pub async fn index(req: HttpRequest) -> Result<HttpResponse> {
+    no_query(&req)?;
+    Ok(HttpResponse::TemporaryRedirect()
+        .insert_header((header::LOCATION, "docs/"))
+        .finish())
+}
+
+/// `GET /docs/{file}`: the API reference page (Swagger UI over
+/// `/openapi.json`), every file embedded in the binary, so it works with no
+/// internet; 404 `NOT_FOUND` for a file it does not have. No
+/// authentication; the page asks for a token only to try a request out.
+pub async fn docs_file(file: web::Path<String>) -> Result<HttpResponse> {
+    let file = utoipa_swagger_ui::serve(&file, swagger_config())
+        .map_err(|e| Error::internal(format_args!("API reference page: {e}")))?
+        .ok_or_else(|| Error::not_found("no such file of the API reference page"))?;
+    let mut res = HttpResponse::Ok();
+    if file.gzpipped {
+        res.insert_header(header::ContentEncoding::Gzip);
+    }
+    Ok(res
+        .content_type(file.content_type)
+        .body(file.bytes.into_owned()))
 }

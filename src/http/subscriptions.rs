@@ -337,6 +337,7 @@ pub async fn configure(
         &change,
     )?;
     let target = id.clone();
+    let credential_id = principal.credential_id.clone();
     let written = idempotent_write(&req, &state, identity, StatusCode::OK, |txn| {
         Box::pin(async move {
             let model = subscriptions::configure(txn, &principal, &target, &change).await?;
@@ -347,6 +348,15 @@ pub async fn configure(
         })
     })
     .await?;
+    if written.applied {
+        tracing::info!(
+            subscription_id = %id,
+            %credential_id,
+            enabled = body.enabled,
+            "subscription {}",
+            if body.enabled { "resumed" } else { "paused" }
+        );
+    }
     if written.applied && body.enabled {
         state.scanner.do_send(SubscriptionChanged {
             subscription_id: id,

@@ -212,7 +212,7 @@ async fn claim_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
     let queue_id = QueueId::from_db(sub.queue_id);
 
     let now = now();
-    let recovered = recover_expired_leases(txn, Some(subscription_id), now, u64::MAX).await?;
+    let mut recovered = recover_expired_leases(txn, Some(subscription_id), now, u64::MAX).await?;
     let held = live_leases(txn, open.iter().map(|&i| &claims[i].0.session_id), now).await?;
     // `min(want, capacity - held)` per claim; a session twice in one batch
     // also counts what its earlier claim takes.
@@ -313,7 +313,7 @@ async fn claim_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
             exhausted: (share.len() as u64) < takes[k],
             // Counted once, with the first claim.
             recovered: if k == 0 {
-                recovered
+                std::mem::take(&mut recovered)
             } else {
                 Recovered::default()
             },
@@ -457,17 +457,44 @@ async fn lease_rows<C: ConnectionTrait>(
 }
 
 /// Lapsed leases recovered by [`recover_expired_leases`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovered {
     /// Back to PENDING (offered again).
     pub to_pending: u64,
     /// At their attempt budget: EXPIRED.
     pub expired: u64,
+    /// The deliveries that became EXPIRED, for the log line each gets once
+    /// its transaction committed ([`Recovered::log_exhausted`]).
+    pub exhausted: Vec<Exhausted>,
+}
+
+/// A delivery whose last lease lapsed at its attempt budget (now EXPIRED).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exhausted {
+    pub delivery_id: String,
+    pub subscription_id: String,
+    pub event_id: String,
+    pub attempts: i32,
 }
 
 impl Recovered {
-    pub fn total(self) -> u64 {
+    pub fn total(&self) -> u64 {
         self.to_pending + self.expired
+    }
+
+    /// Logs each delivery that became EXPIRED, once: call after the
+    /// recovery's transaction committed. An admin's retry re-arms it
+    /// (http-api.md, deliveries).
+    pub fn log_exhausted(&self) {
+        for e in &self.exhausted {
+            tracing::info!(
+                delivery_id = %e.delivery_id,
+                subscription_id = %e.subscription_id,
+                event_id = %e.event_id,
+                attempts = e.attempts,
+                "delivery EXPIRED: its lease lapsed at the attempt budget; a retry re-arms it"
+            );
+        }
     }
 }
 
@@ -534,6 +561,15 @@ pub async fn recover_expired_leases<C: ConnectionTrait>(
             recovered.to_pending = rows.len() as u64;
         } else {
             recovered.expired = rows.len() as u64;
+            recovered.exhausted = rows
+                .iter()
+                .map(|d| Exhausted {
+                    delivery_id: d.id.clone(),
+                    subscription_id: d.subscription_id.clone(),
+                    event_id: d.event_id.clone(),
+                    attempts: d.attempts,
+                })
+                .collect();
         }
     }
     Ok(recovered)

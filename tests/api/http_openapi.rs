@@ -136,3 +136,83 @@ async fn the_node_serves_the_committed_document_at_openapi_json_with_servers_nam
         "the served document is docs/openapi.json plus servers"
     );
 }
+
+/// `GET` of a public path of `app`, without a token: (status, headers, body).
+async fn get_public(app: &TestApp, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
+    let res = app
+        .http
+        .get(format!("{}{path}", app.address))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    (status, headers, res.text().await.unwrap())
+}
+
+/// Every absolute URL in `text` (`http://…` or `https://…`, up to a quote,
+/// space or bracket).
+fn absolute_urls(text: &str) -> Vec<String> {
+    let mut urls = Vec::new();
+    for scheme in ["http://", "https://"] {
+        for (at, _) in text.match_indices(scheme) {
+            let url: String = text[at..]
+                .chars()
+                .take_while(|c| !matches!(c, '"' | '\'' | ' ' | ')' | '<' | '>' | '`' | '\n'))
+                .collect();
+            urls.push(url);
+        }
+    }
+    urls
+}
+
+#[actix_web::test]
+async fn the_api_reference_page_at_docs_is_served_by_the_node_and_refers_to_no_other_host() {
+    let app = spawn_app().await;
+    // `/` and `/docs` lead to `/docs/` (relative, so a proxy's prefix stays).
+    for (path, status) in [("/", 307), ("/docs", 308)] {
+        let res = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+            .get(format!("{}{path}", app.address))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status, "{path}");
+        assert_eq!(res.headers()["location"], "docs/", "{path}");
+    }
+    let (status, headers, page) = get_public(&app, "/docs/").await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html"),
+        "{headers:?}"
+    );
+    assert!(
+        page.contains("<html") || page.contains("<!DOCTYPE html"),
+        "{page}"
+    );
+    assert!(
+        absolute_urls(&page).is_empty(),
+        "the page names no host: {:?}",
+        absolute_urls(&page)
+    );
+    // What the page loads comes from the node too, and points at its own
+    // document, with no validator badge (an image from another host).
+    let (status, _, init) = get_public(&app, "/docs/swagger-initializer.js").await;
+    assert_eq!(status, 200);
+    assert!(init.contains("../openapi.json"), "{init}");
+    assert!(init.contains("\"validatorUrl\": \"none\""), "{init}");
+    assert!(absolute_urls(&init).is_empty(), "{init}");
+    for asset in ["swagger-ui-bundle.js", "swagger-ui.css", "index.css"] {
+        let (status, _, body) = get_public(&app, &format!("/docs/{asset}")).await;
+        assert_eq!(status, 200, "{asset}");
+        assert!(!body.is_empty(), "{asset}");
+    }
+    let (status, _, body) = get_public(&app, "/docs/no-such-file.js").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("NOT_FOUND"), "{body}");
+}

@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::helpers::*;
+use crate::http_support::{eventually, expired_delivery};
 use crate::protocol_support::{NodeProcess, execute};
 
 /// A node process with its log as JSON lines, plus a credential, a
@@ -125,4 +126,247 @@ fn ack_frame(ws: &WsClient, deliver: &Value) -> Value {
             "lease_secret": body["lease_secret"],
         }),
     )
+}
+
+/// The access log lines (target `orbit_events::access`) of `node`.
+fn access_lines(node: &NodeProcess) -> Vec<Value> {
+    json_lines(node)
+        .into_iter()
+        .filter(|l| l["target"] == "orbit_events::access")
+        .collect()
+}
+
+/// Polls the node's JSON log until a line satisfies `found`.
+async fn logged(node: &NodeProcess, what: &str, found: impl Fn(&Value) -> bool) -> Value {
+    eventually(what, || async {
+        json_lines(node).into_iter().find(|l| found(l))
+    })
+    .await
+}
+
+#[actix_web::test]
+async fn the_access_log_line_of_a_request_carries_the_request_id_the_client_got_with_route_status_and_credential()
+ {
+    let (app, node, cred, sub_id, _ws, _) = node_with_a_leased_delivery().await;
+    let res = app
+        .get(&format!("/v1/subscriptions/{sub_id}"), &cred.token)
+        .await;
+    assert_eq!(res.status, 200);
+    let request_id = res.headers["x-request-id"].to_str().unwrap().to_owned();
+    let line = logged(&node, "the request's access log line", |l| {
+        l["target"] == "orbit_events::access" && l["fields"]["request_id"] == request_id.as_str()
+    })
+    .await;
+    let fields = &line["fields"];
+    assert_eq!(line["level"], "INFO", "{line:#}");
+    assert_eq!(fields["method"], "GET", "{line:#}");
+    assert_eq!(fields["route"], "/v1/subscriptions/{id}", "{line:#}");
+    assert_eq!(fields["status"], 200, "{line:#}");
+    assert_eq!(fields["subscription_id"], sub_id.as_str(), "{line:#}");
+    assert_eq!(
+        fields["credential_id"],
+        cred.credential_id.as_str(),
+        "{line:#}"
+    );
+    assert!(fields["duration_ms"].as_f64().is_some(), "{line:#}");
+
+    // A refusal is logged the same way: an unauthenticated request (no
+    // credential id) and a path no route has (its path, the route label
+    // `unmatched`).
+    let res = app
+        .get(&format!("/v1/subscriptions/{sub_id}"), "oe_not-a-token")
+        .await;
+    let refused = res.headers["x-request-id"].to_str().unwrap().to_owned();
+    let line = logged(&node, "the refusal's line", |l| {
+        l["fields"]["request_id"] == refused.as_str()
+    })
+    .await;
+    assert_eq!(line["fields"]["status"], 401, "{line:#}");
+    assert!(line["fields"].get("credential_id").is_none(), "{line:#}");
+    let res = app.get("/v2/nowhere", &cred.token).await;
+    let lost = res.headers["x-request-id"].to_str().unwrap().to_owned();
+    let line = logged(&node, "the 404's line", |l| {
+        l["fields"]["request_id"] == lost.as_str()
+    })
+    .await;
+    assert_eq!(line["fields"]["route"], "unmatched", "{line:#}");
+    assert_eq!(line["fields"]["path"], "/v2/nowhere", "{line:#}");
+    assert_eq!(line["fields"]["status"], 404, "{line:#}");
+}
+
+#[actix_web::test]
+async fn a_refused_upgrade_and_a_session_close_are_logged_with_status_code_and_reason() {
+    let (app, node, cred, sub_id, ws, _) = node_with_a_leased_delivery().await;
+    // The upgrade that opened the session: 101 on the connect route.
+    let opened = access_lines(&node);
+    assert!(
+        opened
+            .iter()
+            .any(|l| l["fields"]["route"] == "/v1/events/connect"
+                && l["fields"]["status"] == 101
+                && l["fields"]["credential_id"] == cred.credential_id.as_str()),
+        "{opened:#?}"
+    );
+    // A plain GET of the connect route is refused 426 and logged.
+    let res = app.get("/v1/events/connect", &cred.token).await;
+    let refused = res.headers["x-request-id"].to_str().unwrap().to_owned();
+    let line = logged(&node, "the refused upgrade's line", |l| {
+        l["fields"]["request_id"] == refused.as_str()
+    })
+    .await;
+    assert_eq!(line["fields"]["status"], res.status.as_u16(), "{line:#}");
+    assert!(res.status.is_client_error(), "{:?}", res.status);
+
+    let session_id = node_session_id(&app).await;
+    let mut ws = ws;
+    ws.stream.close(None).await.unwrap();
+    let line = logged(&node, "the session's close line", |l| {
+        field(l, "session_id").and_then(Value::as_str) == Some(&session_id)
+            && l["fields"].get("close_code").is_some()
+    })
+    .await;
+    assert_eq!(line["level"], "INFO", "{line:#}");
+    assert_eq!(line["fields"]["close_code"], 1000, "{line:#}");
+    assert_eq!(
+        line["fields"]["subscription_id"],
+        sub_id.as_str(),
+        "{line:#}"
+    );
+    assert!(
+        line["fields"]["close_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("client")),
+        "{line:#}"
+    );
+    // Once per connection.
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while app
+            .column::<i64>("SELECT COUNT(*) FROM event_sessions WHERE closed_at IS NULL")
+            .await
+            .pop()
+            != Some(0)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let closes = json_lines(&node)
+        .into_iter()
+        .filter(|l| field(l, "session_id").and_then(Value::as_str) == Some(&session_id))
+        .filter(|l| l["fields"].get("close_code").is_some())
+        .count();
+    assert_eq!(closes, 1);
+}
+
+#[actix_web::test]
+async fn a_delivery_exhausted_to_expired_and_each_management_write_are_logged_once() {
+    // The in-process node sweeps rarely: the process under test is the one
+    // that recovers the lapsed lease (and logs it).
+    let mut app = spawn_app_with(|s| s.timing.sweep_interval_ms = 3_600_000).await;
+    let node = NodeProcess::serve_for(
+        &mut app,
+        &[
+            ("ORBIT_EVENTS_LOG_JSON", "true"),
+            ("ORBIT_EVENTS__TIMING__LEASE_MS", "300"),
+            ("ORBIT_EVENTS__TIMING__SCAN_INTERVAL_MS", "50"),
+            ("ORBIT_EVENTS__TIMING__SWEEP_INTERVAL_MS", "100"),
+        ],
+    )
+    .await;
+    let cred = app.bootstrap().await;
+    let (sub_id, expired, _ws) = expired_delivery(&app, &cred).await;
+    let delivery_id = expired["id"].as_str().unwrap().to_owned();
+    let line = logged(&node, "the EXPIRED line", |l| {
+        l["fields"]["delivery_id"] == delivery_id.as_str()
+            && l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("EXPIRED"))
+    })
+    .await;
+    assert_eq!(
+        line["fields"]["subscription_id"],
+        sub_id.as_str(),
+        "{line:#}"
+    );
+    assert_eq!(line["fields"]["attempts"], 1, "{line:#}");
+
+    let res = app
+        .post(
+            &format!("/v1/subscriptions/{sub_id}/deliveries/{delivery_id}:retry"),
+            &cred.token,
+            "retry-1",
+            &json!({ "expected_revision": expired["revision"], "reason": "fixed", "additional_attempts": 1 }),
+        )
+        .await;
+    assert_eq!(res.status, 200, "{:#}", res.body);
+    let sub = app
+        .get(&format!("/v1/subscriptions/{sub_id}"), &cred.token)
+        .await;
+    let res = app
+        .post(
+            &format!("/v1/subscriptions/{sub_id}:configure"),
+            &cred.token,
+            "pause-1",
+            &json!({ "expected_revision": sub.data()["revision"], "enabled": false, "reason": "maintenance" }),
+        )
+        .await;
+    assert_eq!(res.status, 200, "{:#}", res.body);
+    for what in ["re-armed by a retry", "subscription paused"] {
+        logged(&node, what, |l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(what))
+                && l["fields"]["subscription_id"] == sub_id.as_str()
+                && l["fields"]["credential_id"] == cred.credential_id.as_str()
+        })
+        .await;
+    }
+    let lines = json_lines(&node);
+    let count = |what: &str| {
+        lines
+            .iter()
+            .filter(|l| {
+                l["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(what))
+                    && l["target"] != "orbit_events::access"
+            })
+            .filter(|l| {
+                l["fields"]["delivery_id"] == delivery_id.as_str()
+                    || l["fields"]["subscription_id"] == sub_id.as_str()
+            })
+            .count()
+    };
+    assert_eq!(count("EXPIRED"), 1, "{lines:#?}");
+    assert_eq!(count("re-armed by a retry"), 1, "{lines:#?}");
+    assert_eq!(count("subscription paused"), 1, "{lines:#?}");
+}
+
+#[actix_web::test]
+async fn no_log_line_at_any_level_contains_a_token_or_a_lease_secret() {
+    let mut app = spawn_app().await;
+    let node = NodeProcess::serve_for(&mut app, &[("RUST_LOG", "trace")]).await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let sub_id = sub["id"].as_str().unwrap().to_owned();
+    app.publish(&cred, vec![result(&cred.queue_id, "task.succeeded")])
+        .await;
+    let mut ws = app.bind(&cred.token, &sub_id, 1).await;
+    let deliver = ws.delivery().await;
+    let ack = ack_frame(&ws, &deliver);
+    ws.send_json(ack).await;
+    let _ = ws.recv_within(std::time::Duration::from_secs(5)).await;
+    app.get(
+        &format!("/v1/subscriptions/{sub_id}/deliveries"),
+        &cred.token,
+    )
+    .await;
+    let secret = deliver["body"]["lease_secret"].as_str().unwrap().to_owned();
+    let log = node.log();
+    assert!(log.lines().count() > 20, "a trace log was written: {log}");
+    for (what, value) in [("token", cred.token.as_str()), ("lease secret", &secret)] {
+        let leaked: Vec<&str> = log.lines().filter(|l| l.contains(value)).collect();
+        assert!(leaked.is_empty(), "the {what} is in the log: {leaked:#?}");
+    }
 }

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod architecture;
+mod browser;
 mod commit_order;
 mod disk_full;
 mod group_commit;

@@ -14,12 +14,40 @@ pub struct Scraped {
     pub samples: Vec<Sample>,
 }
 
+/// `line` with `{` and `}` inside quoted label values as `<` and `>`:
+/// prometheus-parse reads a label set as `[^}]+`, so a route template
+/// (`route="/v1/subscriptions/{id}"`, legal in the format) would cut it.
+fn braces_in_values_swapped(line: &str) -> String {
+    let (mut quoted, mut escaped) = (false, false);
+    line.chars()
+        .map(|c| {
+            let out = match c {
+                '{' if quoted => '<',
+                '}' if quoted => '>',
+                _ => c,
+            };
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                quoted = !quoted;
+            }
+            out
+        })
+        .collect()
+}
+
 impl Scraped {
-    /// The sample `name` whose labels include `labels`.
+    /// The sample `name` whose labels include `labels` (braces in a
+    /// value as written; see [`braces_in_values_swapped`]).
     pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<&Sample> {
-        self.samples
-            .iter()
-            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        self.samples.iter().find(|s| {
+            s.metric == name
+                && labels.iter().all(|(k, v)| {
+                    s.labels.get(k) == Some(v.replace('{', "<").replace('}', ">").as_str())
+                })
+        })
     }
 
     /// The value of a counter, gauge or untyped sample; 0 when absent (a
@@ -50,7 +78,7 @@ pub async fn scrape(app: &TestApp) -> Scraped {
     );
     assert_eq!(res.headers()["cache-control"], "no-store");
     let text = res.text().await.unwrap();
-    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(braces_in_values_swapped(l)))).unwrap();
     let sample_lines = text
         .lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -399,4 +427,74 @@ async fn with_metrics_listen_set_metrics_are_served_only_there_and_that_listener
     ))
     .await;
     assert_eq!(status, 200);
+}
+
+#[actix_web::test]
+async fn http_requests_are_counted_and_timed_by_method_route_template_and_status() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let sub_id = sub["id"].as_str().unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            app.get(&format!("/v1/subscriptions/{sub_id}"), &cred.token)
+                .await
+                .status,
+            200
+        );
+    }
+    app.get(
+        "/v1/subscriptions/0123456789abcdef0123456789abcdef",
+        &cred.token,
+    )
+    .await
+    .assert_error(404, "NOT_FOUND");
+    app.get("/no/such/route/a1", &cred.token)
+        .await
+        .assert_error(404, "NOT_FOUND");
+    app.get("/no/such/route/b2", &cred.token)
+        .await
+        .assert_error(404, "NOT_FOUND");
+    let m = scrape(&app).await;
+    let route = "/v1/subscriptions/{id}";
+    let ok = [("method", "GET"), ("route", route), ("status", "200")];
+    assert_eq!(m.value("orbit_events_http_requests_total", &ok), 3.0);
+    let missing = [("method", "GET"), ("route", route), ("status", "404")];
+    assert_eq!(m.value("orbit_events_http_requests_total", &missing), 1.0);
+    // Paths no route has share one label: the label set stays bounded.
+    let unmatched = [("route", "unmatched"), ("status", "404")];
+    assert_eq!(m.value("orbit_events_http_requests_total", &unmatched), 2.0);
+    assert!(
+        !m.text.contains("/no/such/route"),
+        "a raw path is never a label"
+    );
+    assert_eq!(
+        m.value(
+            "orbit_events_http_request_duration_seconds_count",
+            &[("method", "GET"), ("route", route)]
+        ),
+        4.0,
+        "the duration histogram has the four requests of the route"
+    );
+}
+
+#[actix_web::test]
+async fn build_info_is_one_labelled_with_the_version_and_commit() {
+    let app = spawn_app().await;
+    let m = scrape(&app).await;
+    let info = m
+        .find(
+            "orbit_events_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+        )
+        .unwrap_or_else(|| panic!("no build_info: {}", m.text));
+    assert!(
+        matches!(info.value, PromValue::Gauge(v) if v == 1.0),
+        "{info:?}"
+    );
+    let commit = info.labels.get("commit").unwrap_or_default();
+    assert_eq!(commit, orbit_events::version::COMMIT);
+    if std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.git")).exists() {
+        assert_eq!(commit.len(), 12, "built from git: the commit is named");
+    }
 }

@@ -447,3 +447,82 @@ async fn credential_list_says_when_there_is_no_credential_and_never_creates_a_da
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
 }
 
+#[actix_web::test]
+async fn the_start_line_names_the_version_database_node_and_every_setting_that_differs_from_the_defaults()
+ {
+    let mut app = crate::helpers::spawn_app().await;
+    let node = crate::protocol_support::NodeProcess::serve_for(
+        &mut app,
+        &[
+            ("ORBIT_EVENTS_LOG_JSON", "true"),
+            ("ORBIT_EVENTS__TIMING__LEASE_MS", "2000"),
+        ],
+    )
+    .await;
+    let log = node.log();
+    let start: serde_json::Value = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("listening on"))
+        })
+        .unwrap_or_else(|| panic!("no start line: {log}"));
+    let fields = &start["fields"];
+    assert_eq!(fields["version"], env!("CARGO_PKG_VERSION"), "{start:#}");
+    assert_eq!(fields["commit"], orbit_events::version::COMMIT, "{start:#}");
+    assert_eq!(
+        fields["address"],
+        format!("http://127.0.0.1:{}", app.port),
+        "{start:#}"
+    );
+    assert!(
+        fields["node_id"].as_str().is_some_and(|n| n.len() == 32),
+        "{start:#}"
+    );
+    assert!(fields["database"].as_str().is_some(), "{start:#}");
+    let settings = fields["settings"].as_str().unwrap_or_default();
+    for changed in [
+        "timing.lease_ms=2000".to_owned(),
+        format!("server.listen=127.0.0.1:{}", app.port),
+    ] {
+        assert!(settings.contains(&changed), "{changed} in {start:#}");
+    }
+    assert!(
+        !settings.contains("heartbeat_interval_ms"),
+        "only what differs: {start:#}"
+    );
+
+    // `--version` says the same, with the commit when built from git.
+    let out = Command::new(env!("CARGO_BIN_EXE_orbit-events"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("orbit-events {}", orbit_events::version::LONG_VERSION)
+    );
+    if std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.git")).exists() {
+        assert!(
+            orbit_events::version::LONG_VERSION.contains("(commit "),
+            "{}",
+            orbit_events::version::LONG_VERSION
+        );
+    }
+}
+
+#[test]
+fn the_start_line_shows_a_database_url_without_its_password() {
+    let mut settings = orbit_events::config::Settings::defaults().unwrap();
+    settings.database.url = "postgres://orbit:s3cret@db.internal:5432/orbit".to_owned();
+    let shown = settings.differences();
+    assert_eq!(
+        shown,
+        vec![(
+            "database.url".to_owned(),
+            "postgres://***@db.internal:5432/orbit".to_owned()
+        )]
+    );
+}

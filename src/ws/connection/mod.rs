@@ -118,6 +118,8 @@ pub struct ConnectionActor {
     draining: bool,
     /// The scanner was told this session is gone (once per session).
     left_scanner: bool,
+    /// The close has its log line (one per connection).
+    close_logged: bool,
     /// Held while the session is this connection's: claims check it after
     /// taking the write lock (a claim of a closed session leases nothing).
     session_alive: Arc<()>,
@@ -153,6 +155,7 @@ impl ConnectionActor {
             in_flight: 0,
             draining: false,
             left_scanner: false,
+            close_logged: false,
             session_alive: Arc::new(()),
             _slot: slot,
             span: tracing::info_span!("session", session_id = tracing::field::Empty),
@@ -195,6 +198,7 @@ impl ConnectionActor {
         if matches!(self.phase, Phase::Closing) {
             return;
         }
+        self.log_close(u16::from(code), reason);
         self.leave_scanner(u16::from(code), reason);
         self.phase = Phase::Closing;
         // Close reasons are at most 123 bytes.
@@ -212,6 +216,25 @@ impl ConnectionActor {
         }
         let grace = self.state.settings.timing.write_timeout();
         ctx.run_later(grace, |_, ctx| ctx.stop());
+    }
+
+    /// The connection's one close line: who closed, the code and reason
+    /// (in the `session` span, so with the session id once bound).
+    fn log_close(&mut self, code: u16, reason: &str) {
+        if std::mem::replace(&mut self.close_logged, true) {
+            return;
+        }
+        let subscription_id = match &self.phase {
+            Phase::Bound(b) => Some(b.subscription_id.to_string()),
+            _ => None,
+        };
+        tracing::info!(
+            close_code = code,
+            close_reason = reason,
+            subscription_id = subscription_id.as_deref(),
+            bound = subscription_id.is_some(),
+            "connection closed ({code})"
+        );
     }
 
     /// Leaves the scanner and records the session's close (`code`,
@@ -379,6 +402,7 @@ impl Actor for ConnectionActor {
 
     fn stopping(&mut self, _: &mut Context<Self>) -> Running {
         let _span = self.span.clone().entered();
+        self.log_close(1006, "the connection ended without a close frame");
         self.leave_scanner(1006, "the connection ended without a close frame");
         self.phase = Phase::Closing;
         self.read_permits.close();
@@ -403,6 +427,10 @@ impl Handler<ReaderEvent> for ConnectionActor {
         match msg {
             ReaderEvent::Violation(code, why) => self.close(ctx, code, why),
             ReaderEvent::PeerClosed => {
+                self.log_close(
+                    u16::from(CloseCode::Normal),
+                    "the client closed the connection",
+                );
                 self.leave_scanner(
                     u16::from(CloseCode::Normal),
                     "the client closed the connection",
