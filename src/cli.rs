@@ -398,7 +398,11 @@ async fn list_credentials(args: ConfigArg, format: ListFormat) -> Result<(), Str
             "orbit-events: no credentials in {database}; `orbit-events bootstrap` creates one"
         );
     } else {
-        tracing::info!("{} credentials in {database}", credentials.len());
+        let n = credentials.len();
+        tracing::info!(
+            "{n} credential{} in {database}",
+            if n == 1 { "" } else { "s" }
+        );
     }
     let text = match format {
         ListFormat::Json => {
@@ -467,6 +471,13 @@ fn seconds(t: crate::domain::Timestamp) -> String {
 fn completions(shell: clap_complete::Shell) -> Result<(), String> {
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "orbit-events", &mut script);
-    let script = String::from_utf8(script).map_err(|e| e.to_string())?;
+    let mut script = String::from_utf8(script).map_err(|e| e.to_string())?;
+    if shell == clap_complete::Shell::Bash {
+        // clap_complete's bash script names a subcommand's state after the
+        // binary with `-` turned into `__subcmd__` in its case labels but
+        // `__` where it sets the state (clap-rs/clap#6421): below the first
+        // word nothing matched. One spelling for both.
+        script = script.replace("orbit__subcmd__events", "orbit__events");
+    }
     admin::print(&script).map_err(|e| e.to_string())
 }

@@ -16,7 +16,7 @@ pub use ids::*;
 pub use lease::{LeaseSecret, LeaseSecretError, sha256_hex};
 pub use names::{Capacity, SubscriptionName};
 pub use permission::{Permission, PermissionSet};
-pub use principal::{Principal, TOKEN_PREFIX, generate_token, token_digest};
+pub use principal::{Principal, TOKEN_PREFIX, generate_token, mask_tokens, token_digest};
 pub use result_type::{ResultType, TypeSet};
 pub use state::DeliveryState;
 pub use time::{Timestamp, now};

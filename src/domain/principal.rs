@@ -38,3 +38,45 @@ pub fn generate_token() -> String {
 pub fn token_digest(token: &str) -> String {
     sha256_hex(token.as_bytes())
 }
+
+/// `text` with every token-shaped run (`oe_` and the base64url characters
+/// after it) replaced by `oe_***`: for log lines that carry a client's text
+/// (a path, a close reason), where a token pasted by mistake must not land.
+pub fn mask_tokens(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(TOKEN_PREFIX) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(TOKEN_PREFIX) {
+        out.push_str(&rest[..at]);
+        out.push_str(TOKEN_PREFIX);
+        out.push_str("***");
+        let after = &rest[at + TOKEN_PREFIX.len()..];
+        let end = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(after.len());
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod mask_tests {
+    use super::*;
+
+    #[test]
+    fn every_token_shaped_run_is_masked_wherever_it_stands() {
+        let token = generate_token();
+        assert_eq!(
+            mask_tokens(&format!("/v1/x{token}/y?{token}")),
+            "/v1/xoe_***/y?oe_***"
+        );
+        assert_eq!(
+            mask_tokens(&format!("unknown client frame type \"{token}\"")),
+            "unknown client frame type \"oe_***\""
+        );
+        assert_eq!(mask_tokens("/v1/queues"), "/v1/queues");
+    }
+}

@@ -13,7 +13,8 @@ use actix_web::{
 };
 
 use crate::{
-    domain::{CredentialId, MessageId, TOKEN_PREFIX},
+    domain::{CredentialId, DeliveryId, MessageId, SubscriptionId, mask_tokens},
+    error::ErrorCode,
     state::AppState,
 };
 
@@ -43,7 +44,9 @@ impl Access {
             started: Instant::now(),
             request_id: request_id.clone(),
             method: method_label(req.method()),
-            path: route.is_none().then(|| redact_path(req.path())),
+            path: route
+                .is_none()
+                .then(|| logged_path(req.match_info().as_str())),
             route,
             state: req.app_data::<web::Data<AppState>>().cloned(),
         }
@@ -54,20 +57,32 @@ impl Access {
     /// that says nothing would bury the ones that do.
     pub fn finish(self, answer: &Result<ServiceResponse<BoxBody>, actix_web::Error>) {
         let elapsed = self.started.elapsed();
-        let (status, subscription_id, delivery_id, credential_id) = match answer {
+        let (status, code, subscription_id, delivery_id, credential_id) = match answer {
             Ok(res) => {
                 let req = res.request();
                 let info = req.match_info();
+                // Ids only as ids: a path segment is the client's text.
                 (
                     res.status(),
-                    info.get("id").map(str::to_owned),
-                    info.get("delivery_id").map(str::to_owned),
+                    res.response().extensions().get::<ErrorCode>().copied(),
+                    info.get("id")
+                        .and_then(SubscriptionId::parse)
+                        .map(|id| id.to_string()),
+                    info.get("delivery_id")
+                        .and_then(DeliveryId::parse)
+                        .map(|id| id.to_string()),
                     req.extensions()
                         .get::<CredentialId>()
                         .map(ToString::to_string),
                 )
             }
-            Err(err) => (err.as_response_error().status_code(), None, None, None),
+            Err(err) => (
+                err.as_response_error().status_code(),
+                err.as_error::<crate::error::Error>().map(|e| e.code()),
+                None,
+                None,
+                None,
+            ),
         };
         let route = self.route.as_deref().unwrap_or(UNMATCHED);
         if let Some(state) = &self.state {
@@ -86,6 +101,7 @@ impl Access {
                     route,
                     path = self.path.as_deref(),
                     status = status.as_u16(),
+                    code = code.map(ErrorCode::as_str),
                     duration_ms = millis(elapsed),
                     subscription_id = subscription_id.as_deref(),
                     delivery_id = delivery_id.as_deref(),
@@ -149,24 +165,12 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// A path as logged: a segment that looks like a token (a client's
-/// mistake) is masked, and a long path cut, so a secret never lands in the
-/// log by way of a URL.
-fn redact_path(path: &str) -> String {
+/// A path as logged (percent-decoded, as the router matched it): anything
+/// token-shaped (a client's mistake) masked, a long path cut, so a secret
+/// never lands in the log by way of a URL.
+pub fn logged_path(path: &str) -> String {
     const MAX_CHARS: usize = 200;
-    path.split('/')
-        .map(|segment| {
-            if segment.starts_with(TOKEN_PREFIX) {
-                "***"
-            } else {
-                segment
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("/")
-        .chars()
-        .take(MAX_CHARS)
-        .collect()
+    mask_tokens(path).chars().take(MAX_CHARS).collect()
 }
 
 fn millis(elapsed: Duration) -> f64 {
@@ -199,8 +203,8 @@ mod tests {
     }
 
     #[test]
-    fn a_logged_path_masks_a_token_shaped_segment() {
-        assert_eq!(redact_path("/v1/oe_abc/x"), "/v1/***/x");
-        assert_eq!(redact_path(&"/a".repeat(300)).chars().count(), 200);
+    fn a_logged_path_masks_anything_token_shaped_and_is_cut() {
+        assert_eq!(logged_path("/v1/xoe_abc/x"), "/v1/xoe_***/x");
+        assert_eq!(logged_path(&"/a".repeat(300)).chars().count(), 200);
     }
 }

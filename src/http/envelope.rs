@@ -148,7 +148,9 @@ async fn answer(
     }
     let commitment = Commitment::new();
     req.extensions_mut().insert(commitment.clone());
-    let raw = is_raw_path(req.path());
+    // The path as the router matches it (percent-decoded: `/%64ocs/` is
+    // `/docs/`).
+    let raw = is_raw_path(req.match_info().as_str());
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let deadline = state
         .as_ref()
@@ -166,7 +168,7 @@ async fn answer(
         "http",
         request_id = %request_id,
         method = %req.method(),
-        path = %req.path()
+        path = %crate::http::access_log::logged_path(req.match_info().as_str())
     );
     // No clone of the request may be held here: routing needs it unshared.
     let call = next.call(req).instrument(span);
@@ -230,7 +232,8 @@ async fn answer(
     set_common_headers(
         &mut res,
         &request_id,
-        raw && status.is_success() || status == StatusCode::SWITCHING_PROTOCOLS,
+        raw && (status.is_success() || status.is_redirection())
+            || status == StatusCode::SWITCHING_PROTOCOLS,
     );
     Ok(res)
 }
@@ -272,7 +275,9 @@ fn error_envelope(
     if err.code() == ErrorCode::CapacityExceeded {
         res.insert_header((header::RETRY_AFTER, "1"));
     }
-    let res = res.content_type("application/json").body(body.to_string());
+    let mut res = res.content_type("application/json").body(body.to_string());
+    // For the access log line.
+    res.extensions_mut().insert(err.code());
     ServiceResponse::new(req, res)
 }
 

@@ -15,8 +15,9 @@ use crate::{
 };
 
 /// The document of `docs/openapi.json`, with `servers` naming this node as
-/// the request reached it (`scheme://host[:port]`, honouring `Forwarded`
-/// and `X-Forwarded-*` from a proxy in front).
+/// the request reached it (`scheme://host[:port][prefix]`, honouring
+/// `Forwarded`, `X-Forwarded-*` and `X-Forwarded-Prefix` from a proxy in
+/// front).
 ///
 /// No authentication; 400 `INVALID_ARGUMENT` for any query parameter.
 #[utoipa::path(
@@ -31,9 +32,22 @@ use crate::{
 pub async fn openapi_json(req: HttpRequest) -> Result<HttpResponse> {
     no_query(&req)?;
     let mut doc = ApiDoc::openapi();
+    // A proxy that mounts the node under a path says so in
+    // `X-Forwarded-Prefix`; only a plain path is taken.
+    let prefix = req
+        .headers()
+        .get("x-forwarded-prefix")
+        .and_then(|v| v.to_str().ok())
+        .map(|p| p.trim_end_matches('/'))
+        .filter(|p| {
+            p.starts_with('/')
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b))
+        })
+        .unwrap_or("");
     let origin = {
         let info = req.connection_info();
-        format!("{}://{}", info.scheme(), info.host())
+        format!("{}://{}{prefix}", info.scheme(), info.host())
     };
     doc.servers = Some(vec![Server::new(origin)]);
     let body = doc.to_pretty_json().map_err(Error::internal)?;
@@ -76,7 +90,8 @@ pub async fn index(req: HttpRequest) -> Result<HttpResponse> {
 /// `/openapi.json`), every file embedded in the binary, so it works with no
 /// internet; 404 `NOT_FOUND` for a file it does not have. No
 /// authentication; the page asks for a token only to try a request out.
-pub async fn docs_file(file: web::Path<String>) -> Result<HttpResponse> {
+pub async fn docs_file(req: HttpRequest, file: web::Path<String>) -> Result<HttpResponse> {
+    no_query(&req)?;
     let file = utoipa_swagger_ui::serve(&file, swagger_config())
         .map_err(|e| Error::internal(format_args!("API reference page: {e}")))?
         .ok_or_else(|| Error::not_found("no such file of the API reference page"))?;

@@ -128,6 +128,23 @@ async fn the_node_serves_the_committed_document_at_openapi_json_with_servers_nam
         serde_json::json!([{ "url": app.address }]),
         "servers names the node as the request reached it"
     );
+    // Behind a proxy that mounts the node under a path.
+    for (prefix, expected) in [
+        ("/orbit/", format!("{}/orbit", app.address)),
+        ("/orbit events", app.address.clone()),
+    ] {
+        let doc: serde_json::Value = app
+            .http
+            .get(format!("{}/openapi.json", app.address))
+            .header("X-Forwarded-Prefix", prefix)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(doc["servers"][0]["url"], expected.as_str(), "{prefix:?}");
+    }
     served.as_object_mut().unwrap().remove("servers");
     let committed: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(committed_path()).unwrap()).unwrap();

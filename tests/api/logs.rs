@@ -11,8 +11,15 @@ use crate::protocol_support::{NodeProcess, execute};
 /// A node process with its log as JSON lines, plus a credential, a
 /// subscription and one delivery of it leased to `ws`.
 async fn node_with_a_leased_delivery() -> (TestApp, NodeProcess, Cred, String, WsClient, Value) {
+    node_logging_with_a_leased_delivery(&[("ORBIT_EVENTS_LOG_JSON", "true")]).await
+}
+
+/// As [`node_with_a_leased_delivery`], the node started with `env`.
+async fn node_logging_with_a_leased_delivery(
+    env: &[(&str, &str)],
+) -> (TestApp, NodeProcess, Cred, String, WsClient, Value) {
     let mut app = spawn_app().await;
-    let node = NodeProcess::serve_for(&mut app, &[("ORBIT_EVENTS_LOG_JSON", "true")]).await;
+    let node = NodeProcess::serve_for(&mut app, env).await;
     let cred = app.bootstrap().await;
     let sub = app.subscribe(&cred, json!({})).await;
     let sub_id = sub["id"].as_str().unwrap().to_owned();
@@ -182,6 +189,7 @@ async fn the_access_log_line_of_a_request_carries_the_request_id_the_client_got_
     })
     .await;
     assert_eq!(line["fields"]["status"], 401, "{line:#}");
+    assert_eq!(line["fields"]["code"], "UNAUTHENTICATED", "{line:#}");
     assert!(line["fields"].get("credential_id").is_none(), "{line:#}");
     let res = app.get("/v2/nowhere", &cred.token).await;
     let lost = res.headers["x-request-id"].to_str().unwrap().to_owned();
@@ -345,15 +353,8 @@ async fn a_delivery_exhausted_to_expired_and_each_management_write_are_logged_on
 
 #[actix_web::test]
 async fn no_log_line_at_any_level_contains_a_token_or_a_lease_secret() {
-    let mut app = spawn_app().await;
-    let node = NodeProcess::serve_for(&mut app, &[("RUST_LOG", "trace")]).await;
-    let cred = app.bootstrap().await;
-    let sub = app.subscribe(&cred, json!({})).await;
-    let sub_id = sub["id"].as_str().unwrap().to_owned();
-    app.publish(&cred, vec![result(&cred.queue_id, "task.succeeded")])
-        .await;
-    let mut ws = app.bind(&cred.token, &sub_id, 1).await;
-    let deliver = ws.delivery().await;
+    let (app, node, cred, sub_id, mut ws, deliver) =
+        node_logging_with_a_leased_delivery(&[("RUST_LOG", "trace")]).await;
     let ack = ack_frame(&ws, &deliver);
     ws.send_json(ack).await;
     let _ = ws.recv_within(std::time::Duration::from_secs(5)).await;
@@ -362,6 +363,26 @@ async fn no_log_line_at_any_level_contains_a_token_or_a_lease_secret() {
         &cred.token,
     )
     .await;
+    // A token pasted where the client's text is logged: in a path (as an
+    // id, inside a segment, percent-encoded) and in a frame the node quotes
+    // in its close reason.
+    let encoded = cred.token.replacen("oe_", "%6Fe_", 1);
+    for path in [
+        format!("/v1/subscriptions/{}", cred.token),
+        format!("/v1/subscriptions/{sub_id}/deliveries/{}", cred.token),
+        format!("/v1/x{}/y", cred.token),
+        format!("/v1/{encoded}"),
+    ] {
+        app.get(&path, &cred.token).await;
+    }
+    let mut quoting = app.connect(&cred.token).await;
+    quoting
+        .send_text_unchecked(
+            &json!({ "protocol_version": "1", "type": cred.token, "message_id": "a1", "body": {} })
+                .to_string(),
+        )
+        .await;
+    let _ = quoting.closed().await;
     let secret = deliver["body"]["lease_secret"].as_str().unwrap().to_owned();
     let log = node.log();
     assert!(log.lines().count() > 20, "a trace log was written: {log}");

@@ -256,6 +256,24 @@ async fn completions_for_bash_zsh_and_fish_complete_every_command_and_an_unknown
                 "{}",
                 String::from_utf8_lossy(&check.stderr)
             );
+            // And it completes below the first word, as a shell asks it to.
+            for (line, expected) in [
+                ("orbit-events cre", &["credential"][..]),
+                ("orbit-events credential ", &["list", "revoke"][..]),
+                (
+                    "orbit-events credential list --format ",
+                    &["table", "json"][..],
+                ),
+                ("orbit-events completions ", &["bash", "zsh", "fish"][..]),
+            ] {
+                let offered = bash_completions(file.path(), line);
+                for word in expected {
+                    assert!(
+                        offered.iter().any(|o| o == word),
+                        "`{line}<TAB>` offers {offered:?}, not {word}"
+                    );
+                }
+            }
         }
     }
     let out = orbit_events_ending(&["completions", "tcsh"], &[]);
@@ -266,6 +284,29 @@ async fn completions_for_bash_zsh_and_fish_complete_every_command_and_an_unknown
         stderr.contains("invalid value 'tcsh'") && stderr.contains("bash"),
         "{stderr}"
     );
+}
+
+/// What bash's completion function from `script` offers for `line` (the
+/// cursor at its end), one word per entry.
+fn bash_completions(script: &std::path::Path, line: &str) -> Vec<String> {
+    let program = format!(
+        "source '{}'\nCOMP_LINE='{line}'\nCOMP_POINT=${{#COMP_LINE}}\n\
+         read -ra COMP_WORDS <<< \"$COMP_LINE\"\n\
+         [[ \"$COMP_LINE\" == *' ' ]] && COMP_WORDS+=('')\n\
+         COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))\n\
+         _orbit__events orbit-events \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+        script.display()
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(program)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The length of the longest run of hex digits in `text`: a token digest

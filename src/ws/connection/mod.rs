@@ -224,13 +224,18 @@ impl ConnectionActor {
         if std::mem::replace(&mut self.close_logged, true) {
             return;
         }
-        let subscription_id = match &self.phase {
-            Phase::Bound(b) => Some(b.subscription_id.to_string()),
-            _ => None,
+        let (session_id, subscription_id) = match &self.phase {
+            Phase::Bound(b) => (
+                Some(b.session_id.to_string()),
+                Some(b.subscription_id.to_string()),
+            ),
+            _ => (None, None),
         };
+        // The reason may quote the client's frame: masked like a path.
         tracing::info!(
             close_code = code,
-            close_reason = reason,
+            close_reason = %crate::domain::mask_tokens(reason),
+            session_id = session_id.as_deref(),
             subscription_id = subscription_id.as_deref(),
             bound = subscription_id.is_some(),
             "connection closed ({code})"

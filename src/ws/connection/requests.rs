@@ -93,7 +93,12 @@ impl ConnectionActor {
                 );
                 self.span
                     .record("session_id", tracing::field::display(&session_id));
-                tracing::info!(subscription_id = %hello.subscription_id, capacity, "session bound");
+                tracing::info!(
+                    %session_id,
+                    subscription_id = %hello.subscription_id,
+                    capacity,
+                    "session bound"
+                );
                 let queue_id = QueueId::from_db(subscription.queue_id);
                 self.phase = Phase::Bound(Bound {
                     session_id: session_id.clone(),
