@@ -37,6 +37,8 @@ pub struct ServerSettings {
     /// `None`: `/metrics` is served on `listen`.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// Serve the admin console at `/console/` (decision 0085).
+    pub console: bool,
 }
 
 /// `[database]`.

@@ -87,8 +87,9 @@ fn on_its_listener(req: &ServiceRequest) -> bool {
 fn is_raw_path(path: &str) -> bool {
     matches!(
         path,
-        "/" | "/docs" | "/metrics" | "/openapi.json" | "/v1/events/connect"
+        "/" | "/console" | "/docs" | "/metrics" | "/openapi.json" | "/v1/events/connect"
     ) || path.starts_with("/docs/")
+        || path.starts_with("/console/")
 }
 
 /// The [`Commitment`] the middleware shares with the handler of `req`: a

@@ -2,6 +2,7 @@
 //! handlers named after their verbs.
 
 pub mod access_log;
+pub mod console;
 pub mod deliveries;
 pub mod envelope;
 pub mod health;
@@ -47,6 +48,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(resource(
         "/docs/{file:.*}",
         vec![("GET", web::get().to(reference::docs_file))],
+    ))
+    .service(resource(
+        "/console",
+        vec![("GET", web::get().to(console::root))],
+    ))
+    .service(resource(
+        "/console/{file:.*}",
+        vec![("GET", web::get().to(console::file))],
     ))
     .service(resource(
         "/metrics",

@@ -5,6 +5,7 @@
 mod architecture;
 mod browser;
 mod commit_order;
+mod console;
 mod disk_full;
 mod group_commit;
 mod helpers;
