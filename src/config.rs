@@ -92,6 +92,8 @@ pub struct TimingSettings {
     pub heartbeat_interval_ms: u64,
     pub read_idle_timeout_ms: u64,
     pub write_timeout_ms: u64,
+    /// 0: connections live until they fail (decision 0086).
+    pub connection_lifetime_ms: u64,
     pub hello_timeout_ms: u64,
     pub http_request_timeout_ms: u64,
     pub scan_interval_ms: u64,
@@ -107,6 +109,11 @@ impl TimingSettings {
     }
     pub fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.write_timeout_ms)
+    }
+    /// `None`: no lifetime limit.
+    pub fn connection_lifetime(&self) -> Option<Duration> {
+        (self.connection_lifetime_ms > 0)
+            .then(|| Duration::from_millis(self.connection_lifetime_ms))
     }
     pub fn hello_timeout(&self) -> Duration {
         Duration::from_millis(self.hello_timeout_ms)

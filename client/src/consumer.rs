@@ -1,8 +1,10 @@
 //! An orbit.events.v1 consumer that keeps going: it connects, says hello,
 //! pings at the advertised interval, runs a [`Handler`] per delivery and
-//! ACKs what the handler stored, reconnects after any disconnect with
-//! backoff and jitter, and sends unconfirmed ACK proofs again on the new
-//! connection (spec: protocol.md §3–5).
+//! ACKs what the handler stored, reconnects, and sends unconfirmed ACK
+//! proofs again on the new connection (spec: protocol.md §3–5). After the
+//! node's lifetime close it reconnects at once (logged at INFO); after a
+//! 429 it waits `Retry-After` plus up to as much again; after any other
+//! drop it backs off with full jitter ([`Backoff`]).
 
 use std::{
     collections::HashMap, future::Future, panic::AssertUnwindSafe, pin::Pin, sync::Arc,
@@ -148,16 +150,23 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before attempt `failures` (0 = after the first failure).
+    /// The delay before attempt `failures` (0 = after the first failure):
+    /// full jitter, uniform in `0..=min(initial × 2^failures, max)`, so that
+    /// consumers dropped together (a node restart) come back spread over
+    /// the whole window, not in a wave at its upper half.
     pub fn delay(&self, failures: u32) -> Duration {
         let cap = self
             .initial
             .saturating_mul(2u32.saturating_pow(failures.min(31)))
             .min(self.max);
-        let half = cap / 2;
-        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
-        half + Duration::from_nanos(rand::rng().random_range(0..=nanos))
+        jitter(cap)
     }
+}
+
+/// Uniform in `0..=span`.
+fn jitter(span: Duration) -> Duration {
+    let nanos = u64::try_from(span.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rand::rng().random_range(0..=nanos))
 }
 
 /// A consumer of one subscription. Build it, then [`Consumer::run`] it.
@@ -329,11 +338,14 @@ struct Run<H> {
 enum End {
     /// Stopping, and every ACK was answered (or the grace ran out).
     Stopped,
-    /// Try again after the backoff (at least `retry_after`).
+    /// Try again after the backoff, or after `retry_after` plus jitter
+    /// when the server said how long (a 429).
     Retry {
         reason: String,
         retry_after: Option<Duration>,
     },
+    /// A routine end (the connection's lifetime): reconnect at once.
+    Reconnect { reason: String },
     /// Reconnecting cannot help.
     Fatal(ApiError),
 }
@@ -378,16 +390,25 @@ impl<H: Handler> Run<H> {
                 End::Stopped => return None,
                 End::Fatal(error) => return Some(error),
                 // Stopping: no new connection; the proofs are returned.
-                End::Retry { .. } if self.stopping => return None,
+                End::Retry { .. } | End::Reconnect { .. } if self.stopping => return None,
+                End::Reconnect { reason } => {
+                    tracing::info!(%reason, "orbit-events consumer: reconnecting at once");
+                    self.failures = 0;
+                    self.handler.on_outcome(&Outcome::Disconnected {
+                        reason,
+                        retry_in: Duration::ZERO,
+                    });
+                }
                 End::Retry {
                     reason,
                     retry_after,
                 } => {
-                    let delay = self
-                        .config
-                        .backoff
-                        .delay(self.failures)
-                        .max(retry_after.unwrap_or_default());
+                    let delay = match retry_after {
+                        // The server's own wait, plus up to as much again:
+                        // refused consumers do not all return in one wave.
+                        Some(wait) => wait + jitter(wait),
+                        None => self.config.backoff.delay(self.failures),
+                    };
                     self.failures = self.failures.saturating_add(1);
                     tracing::debug!(%reason, ?delay, "orbit-events consumer: reconnecting");
                     self.handler.on_outcome(&Outcome::Disconnected {
@@ -477,13 +498,20 @@ impl<H: Handler> Run<H> {
                 frame = session.source.next() => {
                     let text = match frame {
                         Some(Ok(Message::Text(text))) => text,
-                        Some(Ok(Message::Close(close))) => return End::Retry {
-                            reason: match close {
+                        Some(Ok(Message::Close(close))) => {
+                            let reason = match &close {
                                 Some(c) => format!("closed by the server ({}: {})", u16::from(c.code), c.reason),
                                 None => "closed by the server".to_owned(),
-                            },
-                            retry_after: None,
-                        },
+                            };
+                            return match close {
+                                Some(c) if u16::from(c.code) == 1001
+                                    && c.reason.as_str() == orbit_events_wire::LIFETIME_CLOSE_REASON =>
+                                {
+                                    End::Reconnect { reason }
+                                }
+                                _ => End::Retry { reason, retry_after: None },
+                            };
+                        }
                         Some(Ok(Message::Binary(_))) => return End::Retry {
                             reason: "the server sent a binary frame".to_owned(),
                             retry_after: None,
@@ -803,19 +831,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_up_to_its_maximum_with_jitter_in_the_upper_half() {
+    fn backoff_doubles_up_to_its_maximum_with_full_jitter() {
         let backoff = Backoff {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(1),
         };
-        for _ in 0..100 {
+        let (mut low, mut high) = (false, false);
+        for _ in 0..200 {
             let first = backoff.delay(0);
-            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            assert!(first <= Duration::from_millis(100));
             let third = backoff.delay(2);
-            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
+            assert!(third <= Duration::from_millis(400));
             let capped = backoff.delay(30);
-            assert!(capped >= Duration::from_millis(500) && capped <= Duration::from_secs(1));
+            assert!(capped <= Duration::from_secs(1));
+            low |= capped < Duration::from_millis(250);
+            high |= capped > Duration::from_millis(750);
         }
+        assert!(low && high, "the whole window is used");
         assert_ne!(
             (0..20).map(|_| backoff.delay(3)).collect::<Vec<_>>(),
             vec![backoff.delay(3); 20],

@@ -20,6 +20,7 @@ mod http_openapi;
 mod http_subscriptions;
 mod http_support;
 mod lean_row;
+mod lifetime;
 mod logs;
 mod metrics;
 mod multinode;

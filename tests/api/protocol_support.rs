@@ -284,6 +284,12 @@ impl NodeProcess {
             .local_addr()
             .unwrap()
             .port();
+        Self::serve_on(app, port, env).await
+    }
+
+    /// As [`NodeProcess::serve_for`], on `port` (a restart on the port the
+    /// clients know).
+    pub async fn serve_on(app: &mut TestApp, port: u16, env: &[(&str, &str)]) -> NodeProcess {
         let log = tempfile::NamedTempFile::new().unwrap();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_orbit-events"))
             .arg("serve")

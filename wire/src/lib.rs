@@ -6,6 +6,14 @@ use std::{fmt, str::FromStr};
 
 use serde::{Deserialize, Serialize};
 
+/// The reason of the 1001 close that ends a connection at its lifetime
+/// budget (`timing.connection_lifetime_ms`, protocol.md §5): a routine
+/// end, after which a client reconnects at once.
+pub const LIFETIME_CLOSE_REASON: &str = "connection lifetime reached; reconnect";
+
+/// The reason of the 1001 close of a node that is shutting down.
+pub const SHUTDOWN_CLOSE_REASON: &str = "the server is shutting down";
+
 /// The state of a delivery (delivery-model.md §6), stored and sent as
 /// `PENDING`, `LEASED`, `ACKED` or `EXPIRED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

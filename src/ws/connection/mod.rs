@@ -18,6 +18,8 @@ use std::{
 use actix::prelude::*;
 use actix_ws::{CloseCode, MessageStream, Session};
 use bytestring::ByteString;
+use orbit_events_wire::{LIFETIME_CLOSE_REASON, SHUTDOWN_CLOSE_REASON};
+use rand::RngExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::{
@@ -63,6 +65,7 @@ enum ReaderEvent {
 /// Close reasons kept in a session's record (a close frame carries at most
 /// 123 bytes).
 const MAX_CLOSE_REASON_CHARS: usize = 123;
+const SHUTTING_DOWN: &str = SHUTDOWN_CLOSE_REASON;
 
 /// The writer task stopped (timeout, socket gone, or after the close frame).
 #[derive(Message)]
@@ -116,6 +119,8 @@ pub struct ConnectionActor {
     /// The node is stopping: no new frames are taken; once `in_flight` is
     /// 0 the connection closes with 1001.
     draining: bool,
+    /// Why it drains: the close reason sent with 1001 once idle.
+    drain_reason: &'static str,
     /// The scanner was told this session is gone (once per session).
     left_scanner: bool,
     /// The close has its log line (one per connection).
@@ -154,6 +159,7 @@ impl ConnectionActor {
             last_reported_room: None,
             in_flight: 0,
             draining: false,
+            drain_reason: SHUTTING_DOWN,
             left_scanner: false,
             close_logged: false,
             session_alive: Arc::new(()),
@@ -275,21 +281,35 @@ impl ConnectionActor {
         }
     }
 
-    /// Node shutdown (protocol.md §3): take no more frames and no more
-    /// deliveries; close with 1001 once in-flight database work is done.
-    fn drain(&mut self, ctx: &mut Context<Self>) {
+    /// Node shutdown (protocol.md §3) or the end of the connection's
+    /// lifetime: take no more frames and no more deliveries; close with
+    /// 1001 and `reason` once in-flight database work is done, or after the
+    /// write timeout at the latest.
+    fn drain(&mut self, ctx: &mut Context<Self>, reason: &'static str) {
         if self.draining || matches!(self.phase, Phase::Closing) {
             return;
         }
         self.draining = true;
-        self.leave_scanner(u16::from(CloseCode::Away), "the server is shutting down");
+        self.drain_reason = reason;
+        self.leave_scanner(u16::from(CloseCode::Away), reason);
         self.read_permits.close();
         self.finish_drain_if_idle(ctx);
     }
 
+    /// The connection's lifetime ran out (decision 0086): drain as for a
+    /// shutdown, but close after the write timeout even if an ACK commit
+    /// is still running (its proof stays valid for the next connection).
+    fn retire(&mut self, ctx: &mut Context<Self>) {
+        self.drain(ctx, LIFETIME_CLOSE_REASON);
+        let bound = self.state.settings.timing.write_timeout();
+        ctx.run_later(bound, |act, ctx| {
+            act.close(ctx, CloseCode::Away, LIFETIME_CLOSE_REASON);
+        });
+    }
+
     fn finish_drain_if_idle(&mut self, ctx: &mut Context<Self>) {
         if self.draining && self.in_flight == 0 {
-            self.close(ctx, CloseCode::Away, "the server is shutting down");
+            self.close(ctx, CloseCode::Away, self.drain_reason);
         }
     }
 
@@ -383,10 +403,15 @@ impl Actor for ConnectionActor {
         ctx.spawn(
             async move { shutdown.begun().await }
                 .into_actor(self)
-                .map(|(), act, ctx| act.drain(ctx)),
+                .map(|(), act, ctx| act.drain(ctx, SHUTTING_DOWN)),
         );
 
         let timing = self.state.settings.timing.clone();
+        if let Some(lifetime) = timing.connection_lifetime() {
+            // ±10 %: connections opened together (a restart) end spread out.
+            let budget = lifetime.mul_f64(rand::rng().random_range(0.9..=1.1));
+            ctx.run_later(budget, |act, ctx| act.retire(ctx));
+        }
         ctx.run_later(timing.hello_timeout(), |act, ctx| {
             if matches!(act.phase, Phase::AwaitingHello) {
                 act.close(ctx, CloseCode::Policy, "no events.hello in time");
