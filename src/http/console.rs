@@ -21,7 +21,7 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
      frame-ancestors 'none'";
 
 /// (name, content type, content) of each file.
-const FILES: [(&str, &str, &str); 3] = [
+const FILES: [(&str, &str, &str); 4] = [
     (
         "index.html",
         "text/html; charset=utf-8",
@@ -36,6 +36,11 @@ const FILES: [(&str, &str, &str); 3] = [
         "console.css",
         "text/css; charset=utf-8",
         include_str!("console/console.css"),
+    ),
+    (
+        "favicon.svg",
+        "image/svg+xml",
+        include_str!("console/favicon.svg"),
     ),
 ];
 
@@ -59,7 +64,7 @@ pub async fn root(state: web::Data<AppState>) -> Result<HttpResponse> {
 }
 
 /// `GET /console/{file}`: `index.html` (also for `/console/`),
-/// `console.js` or `console.css`, with the Content-Security-Policy,
+/// `console.js`, `console.css` or `favicon.svg`, with the Content-Security-Policy,
 /// `X-Frame-Options: DENY`, `X-Content-Type-Options: nosniff` and
 /// `Referrer-Policy: no-referrer`; 404 `NOT_FOUND` for any other name.
 pub async fn file(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {

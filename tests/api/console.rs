@@ -106,16 +106,26 @@ impl Browser {
         }
     }
 
+    /// Clicks the element `css`, finding it again if a refresh replaced it
+    /// between the find and the click (pages re-render every 2 s).
     async fn click(&self, css: &str) {
-        self.client
-            .wait()
-            .at_most(DEADLINE)
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .click()
-            .await
-            .unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let element = self
+                .client
+                .wait()
+                .at_most(DEADLINE)
+                .for_element(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("{css}: {e}"));
+            match element.click().await {
+                Ok(()) => return,
+                Err(e) if Instant::now() < deadline && e.to_string().contains("stale") => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("{css}: {e}"),
+            }
+        }
     }
 
     async fn type_into(&self, css: &str, text: &str) {
@@ -405,6 +415,50 @@ async fn an_admin_sees_why_subscriptions_are_stuck_resumes_one_and_redrives_expi
     assert!(
         requested.as_array().unwrap().len() > 5,
         "the page's own requests are seen: {requested}"
+    );
+    // An event's numbers are shown as published, not as floats.
+    let shown = browser
+        .eval(
+            "return exactJson(parseExact('{\"a\": 1E400, \"b\": 123456789012345678901234567890, \"c\": [0.10000000000000000000001, -0]}'));",
+        )
+        .await;
+    let shown = shown.as_str().unwrap();
+    for exact in [
+        "1E400",
+        "123456789012345678901234567890",
+        "0.10000000000000000000001",
+        "-0",
+    ] {
+        assert!(shown.contains(exact), "{exact} in {shown}");
+    }
+
+    // A token revoked while a page refreshes: back to sign-in, the token
+    // dropped from the tab.
+    browser
+        .go(&format!("{console}#/subscription/{spent}"))
+        .await;
+    browser
+        .until_text("#status", "the status", |t| t.contains("Lag"))
+        .await;
+    crate::protocol_support::execute(
+        &app,
+        &format!(
+            "UPDATE credentials SET revoked_at = 1 WHERE id = '{}'",
+            cred.credential_id
+        ),
+    )
+    .await;
+    browser
+        .until_text("#errors", "sign-in after the revocation", |t| {
+            t.contains("UNAUTHENTICATED")
+        })
+        .await;
+    let session = browser.eval("return JSON.stringify(sessionStorage);").await;
+    assert!(!session.to_string().contains(&cred.token), "{session}");
+    let url = browser.client.current_url().await.unwrap().to_string();
+    assert!(
+        url.ends_with(&format!("#/subscription/{spent}")),
+        "the address is kept: {url}"
     );
     drop(browser);
     let log = node.log();

@@ -9,6 +9,9 @@ const REFRESH_MS = 2000;
 const app = document.getElementById('app');
 const nav = document.getElementById('nav');
 let refreshTimer = null;
+// Aborted when the admin navigates or signs out: a page's requests, and
+// the renders waiting on them, end with it.
+let navigation = new AbortController();
 
 // ---- The API -------------------------------------------------------------
 
@@ -21,27 +24,60 @@ class ApiError extends Error {
   }
 }
 
-async function api(method, path, body, idempotencyKey) {
+// One numeric token as the node sent it (JSON.parse's source text), so
+// an event's `1E400` or 30-digit integer is shown as published.
+class RawNumber {
+  constructor(text) { this.text = text; }
+}
+
+function parseExact(text) {
+  return JSON.parse(text, (key, value, context) =>
+    (typeof value === 'number' && context && context.source !== undefined ? new RawNumber(context.source) : value));
+}
+
+// JSON text of `value` indented by two spaces, numbers exactly as parsed.
+function exactJson(value, indent = '') {
+  const next = indent + '  ';
+  if (value instanceof RawNumber) return value.text;
+  if (Array.isArray(value)) {
+    if (!value.length) return '[]';
+    return '[\n' + value.map((v) => next + exactJson(v, next)).join(',\n') + '\n' + indent + ']';
+  }
+  if (value && typeof value === 'object') {
+    const keys = Object.keys(value);
+    if (!keys.length) return '{}';
+    return '{\n' + keys.map((k) => next + JSON.stringify(k) + ': ' + exactJson(value[k], next)).join(',\n') + '\n' + indent + '}';
+  }
+  return JSON.stringify(value);
+}
+
+// The API: `data` of the envelope; with `exact`, [data, data with every
+// number kept as its source text].
+async function api(method, path, body, idempotencyKey, exact) {
   const headers = { Authorization: 'Bearer ' + sessionStorage.getItem(TOKEN_KEY) };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   if (idempotencyKey) headers['Idempotency-Key'] = idempotencyKey;
   let res;
+  let text;
   try {
     res = await fetch(path, {
-      method, headers, cache: 'no-store', credentials: 'omit',
+      method, headers, cache: 'no-store', credentials: 'omit', signal: navigation.signal,
       body: body === undefined ? undefined : JSON.stringify(body),
     });
+    text = await res.text();
   } catch (e) {
+    if (e.name === 'AbortError') throw e;
     throw new ApiError(0, 'NETWORK', 'the node did not answer (' + e.message + ')');
   }
   let envelope = null;
-  try { envelope = await res.json(); } catch (_) { /* not an envelope */ }
+  try { envelope = JSON.parse(text); } catch (_) { /* not an envelope */ }
   if (!res.ok) {
     const err = (envelope && envelope.error) || {};
     throw new ApiError(res.status, err.code || 'HTTP_' + res.status,
       err.message || res.statusText, envelope && envelope.request_id);
   }
-  return envelope ? envelope.data : null;
+  const data = envelope ? envelope.data : null;
+  return exact ? [data, parseExact(text).data] : data;
 }
 
 // An Idempotency-Key per user action: 128 random bits (getRandomValues works
@@ -65,6 +101,7 @@ function onAction(button, write, errors) {
       await write(key);
       key = null;
     } catch (e) {
+      if (e.name === 'AbortError') return;
       fill(errors, errorBox(e));
       // A definite refusal ends the action; an unknown outcome keeps the key.
       if (e.status >= 400 && e.status < 500) key = null;
@@ -101,7 +138,7 @@ function fill(el, ...nodes) {
 
 function errorBox(e) {
   let text = e.message;
-  if (e.code === 'UNAVAILABLE') text = 'The node cannot reach its database: ' + e.message;
+  if (e.code === 'UNAVAILABLE') text = 'The node\u2019s database is unavailable (unreachable, or refusing writes, e.g. a full disk): ' + e.message;
   if (e.code === 'UNAUTHENTICATED') text = e.message + ' — sign in with a valid token.';
   if (e.code === 'STATE_CONFLICT') text = e.message + ' — it changed since this page read it; reload to see it now.';
   return h('div', { class: 'error', role: 'alert' },
@@ -136,10 +173,27 @@ function blockedBadges(blocked) {
   return blocked.map((b) => badge(b.code, b.code === 'EXPIRED_DELIVERIES' || b.code === 'NO_CONSUMER' ? 'warn' : 'bad', b.message));
 }
 
-// Runs `load` now and every REFRESH_MS while the page is shown.
+// Runs `load` now and again REFRESH_MS after each run ends, while the page
+// is shown: never two at once, so a slow node is not asked twice.
 function every(load) {
-  load();
-  refreshTimer = setInterval(load, REFRESH_MS);
+  const signal = navigation.signal;
+  const tick = async () => {
+    await load();
+    if (!signal.aborted) refreshTimer = setTimeout(tick, REFRESH_MS);
+  };
+  tick();
+}
+
+// A failed refresh: a revoked or wrong token goes back to sign-in (the
+// page's address kept); anything else is shown in `into`.
+function failed(into, e) {
+  if (e.name === 'AbortError') return;
+  if (e.code === 'UNAUTHENTICATED') {
+    sessionStorage.removeItem(TOKEN_KEY);
+    route(e);
+    return;
+  }
+  fill(into, errorBox(e));
 }
 
 // ---- Pages ---------------------------------------------------------------
@@ -192,7 +246,7 @@ async function queuePage(queueId) {
       const statuses = await Promise.all(list.items.map((s) =>
         api('GET', '/v1/subscriptions/' + s.id + '/status')));
       fill(body, table(
-        ['Subscription', 'Enabled', 'Lag', 'Pending / max', 'Expired', 'Oldest unacked', 'Sessions', 'Why'],
+        ['Subscription', 'Enabled', 'Lag', 'Backlog / max', 'Expired', 'Oldest unacked', 'Sessions', 'Why'],
         list.items.map((s, i) => {
           const st = statuses[i];
           return [link('#/subscription/' + s.id, s.name), st.enabled ? 'yes' : badge('paused', 'bad'),
@@ -201,7 +255,7 @@ async function queuePage(queueId) {
             h('span', { class: 'blocked', 'data-subscription': s.id }, blockedBadges(st.blocked))];
         }), [2, 3, 4, 5, 6]),
         list.next_cursor ? h('p', { class: 'muted' }, 'The first 100 subscriptions are shown.') : null);
-    } catch (e) { fill(body, errorBox(e)); }
+    } catch (e) { failed(body, e); }
   });
 }
 
@@ -209,7 +263,7 @@ async function subscriptionPage(subId, state) {
   const sub = await api('GET', '/v1/subscriptions/' + subId);
   const status = h('div', { id: 'status' }, h('p', { class: 'muted' }, 'Loading…'));
   const errors = h('div', {});
-  const reason = h('input', { id: 'reason', class: 'wide', placeholder: 'Why (kept in the audit record)', maxlength: 1024 });
+  const reason = h('input', { id: 'reason', class: 'wide', placeholder: 'Why (kept in the audit record)' });
   const toggle = h('button', { id: 'toggle', class: sub.enabled ? 'danger' : null }, sub.enabled ? 'Pause' : 'Resume');
   onAction(toggle, async (key) => {
     if (!reason.value.trim()) throw new ApiError(400, 'INVALID_ARGUMENT', 'give a reason');
@@ -237,7 +291,7 @@ async function subscriptionPage(subId, state) {
     try {
       const st = await api('GET', '/v1/subscriptions/' + subId + '/status');
       fill(status, statusCard(st));
-    } catch (e) { fill(status, errorBox(e)); }
+    } catch (e) { failed(status, e); }
     if (!paging.cursor) await deliveryList(subId, state, deliveries, null, paging);
   });
 }
@@ -249,10 +303,13 @@ function statusCard(st) {
     h('div', { class: 'facts' },
       fact('Enabled', st.enabled ? 'yes' : 'no'), fact('Lag', h('span', { id: 'lag' }, st.lag)),
       fact('Head', st.head_sequence), fact('Cursor', st.cursor_sequence), fact('Retention floor', st.retention_floor),
-      fact('Pending / max', st.pending_count + ' / ' + st.max_pending),
+      fact('Backlog / max', st.pending_count + ' / ' + st.max_pending),
       fact('Pending · leased · expired', st.pending + ' · ' + st.leased + ' · ' + st.expired),
       fact('Oldest unacked', st.oldest_unacked ? age(st.oldest_unacked.age_seconds) + ' (seq ' + st.oldest_unacked.sequence + ')' : '—'),
-      fact('Sessions', st.sessions.map((s) => s.held + '/' + s.capacity + ' held').join(', ') || 'none')));
+      fact('Sessions', st.sessions.map((s) => s.held + '/' + s.capacity + ' held').join(', ') || 'none')),
+    st.last_configure ? h('p', { class: 'muted', id: 'last-configure' },
+      (st.last_configure.enabled ? 'Resumed ' : 'Paused ') + when(st.last_configure.at) + ': \u201c' +
+      st.last_configure.reason + '\u201d (credential ' + st.last_configure.credential_id + ')') : null);
 }
 
 // One page of deliveries into `into`, with a button for the next (which
@@ -263,23 +320,38 @@ async function deliveryList(subId, state, into, cursor, paging) {
   if (cursor) path += '&cursor=' + encodeURIComponent(cursor);
   try {
     const data = await api('GET', path);
-    const more = data.next_cursor ? h('button', { class: 'secondary' }, 'Next 50') : null;
+    // Unchanged since the last refresh: leave the rows (and a click on
+    // them) alone.
+    const shown = JSON.stringify(data);
+    if (into.dataset.shown === shown) return;
+    into.dataset.shown = shown;
+    const more = data.next_cursor ? h('button', { class: 'secondary', id: 'next-page' }, 'Next 50') : null;
     if (more) {
       more.addEventListener('click', () => {
         if (paging) paging.cursor = data.next_cursor;
         deliveryList(subId, state, into, data.next_cursor, paging);
       });
     }
+    const first = cursor ? h('button', { class: 'secondary', id: 'first-page' }, 'First page') : null;
+    if (first) {
+      first.addEventListener('click', () => {
+        if (paging) paging.cursor = null;
+        deliveryList(subId, state, into, null, paging);
+      });
+    }
     fill(into, table(['Delivery', 'Sequence', 'State', 'Attempts', 'Created'],
       data.items.map((d) => [link('#/delivery/' + subId + '/' + d.id, h('span', { class: 'id' }, d.id)),
-        d.sequence, stateBadge(d.state), d.attempts + ' / ' + d.attempt_budget, when(d.created_at)]), [1, 3]), more);
-  } catch (e) { fill(into, errorBox(e)); }
+        d.sequence, stateBadge(d.state), d.attempts + ' / ' + d.attempt_budget, when(d.created_at)]), [1, 3]), first, more);
+  } catch (e) { failed(into, e); }
 }
 
 async function deliveryPage(subId, deliveryId) {
   const base = '/v1/subscriptions/' + subId + '/deliveries/' + deliveryId;
-  const [detail, history] = await Promise.all([api('GET', base), api('GET', base + '/history')]);
+  const [[detail, exact], history] = await Promise.all([
+    api('GET', base, undefined, undefined, true), api('GET', base + '/history')]);
   const d = detail.delivery;
+  const facts = h('div', { id: 'facts' });
+  const steps = h('div', {});
   const errors = h('div', {});
   let retry = null;
   if (d.state === 'EXPIRED') {
@@ -291,15 +363,30 @@ async function deliveryPage(subId, deliveryId) {
     }, errors);
     retry = [h('h2', {}, 'Retry'), h('div', { class: 'row' }, reason, button), errors];
   }
+  const show = (delivery, items) => {
+    fill(facts, deliveryCard(delivery));
+    fill(steps, timeline(delivery, items));
+  };
+  show(d, history.items);
   page('Delivery', [link('#/', 'Queues'), link('#/subscription/' + subId, 'Subscription'), h('span', { class: 'id' }, d.id)],
-    h('div', { class: 'card' }, h('div', { class: 'facts' },
-      fact('State', stateBadge(d.state)), fact('Sequence', d.sequence), fact('Attempts', d.attempts + ' / ' + d.attempt_budget),
-      fact('Lease epoch', d.lease_epoch), fact('Revision', d.revision), fact('Created', when(d.created_at)),
-      fact('Available', when(d.available_at)), d.lease_until ? fact('Lease until', when(d.lease_until)) : null,
-      d.acknowledged_at ? fact('Acknowledged', when(d.acknowledged_at)) : null)),
-    retry,
-    h('h2', {}, 'Timeline'), timeline(d, history.items),
-    h('h2', {}, 'Event'), h('pre', { id: 'event' }, JSON.stringify(detail.event, null, 2)));
+    facts, retry, h('h2', {}, 'Timeline'), steps,
+    h('h2', {}, 'Event ', h('span', { class: 'muted' }, '(as published, byte for byte in its numbers)')),
+    h('pre', { id: 'event' }, exactJson(exact.event)));
+  // State and timeline follow the delivery (a retry, a new lease).
+  setTimeout(() => every(async () => {
+    try {
+      const [now, later] = await Promise.all([api('GET', base), api('GET', base + '/history')]);
+      show(now.delivery, later.items);
+    } catch (e) { failed(facts, e); }
+  }), REFRESH_MS);
+}
+
+function deliveryCard(d) {
+  return h('div', { class: 'card' }, h('div', { class: 'facts' },
+    fact('State', stateBadge(d.state)), fact('Sequence', d.sequence), fact('Attempts', d.attempts + ' / ' + d.attempt_budget),
+    fact('Lease epoch', d.lease_epoch), fact('Revision', d.revision), fact('Created', when(d.created_at)),
+    fact('Available', when(d.available_at)), d.lease_until ? fact('Lease until', when(d.lease_until)) : null,
+    d.acknowledged_at ? fact('Acknowledged', when(d.acknowledged_at)) : null));
 }
 
 function timeline(d, steps) {
@@ -330,7 +417,9 @@ async function expiredPage(subId) {
     if (to.value.trim()) body.to_sequence = to.value.trim();
     return body;
   };
+  for (const field of [reason, attempts, from, to]) field.addEventListener('input', () => fill(outcome));
   onAction(count, async (key) => {
+    fill(outcome);
     const body = request(true);
     const dry = await api('POST', '/v1/subscriptions/' + subId + '/deliveries:retry', body, key);
     if (!dry.matched) { fill(outcome, h('p', { class: 'notice' }, 'No EXPIRED delivery in that range.')); return; }
@@ -359,13 +448,18 @@ async function expiredPage(subId) {
 
 // ---- Routing -------------------------------------------------------------
 
-async function route() {
-  clearInterval(refreshTimer);
+// Renders the page the address names. `failure`: why the token was just
+// dropped (the sign-in page says it).
+async function route(failure) {
+  clearTimeout(refreshTimer);
   refreshTimer = null;
-  if (!sessionStorage.getItem(TOKEN_KEY)) return signIn();
+  navigation.abort();
+  navigation = new AbortController();
+  if (!sessionStorage.getItem(TOKEN_KEY)) return signIn(failure instanceof ApiError ? failure : null);
   const signOut = h('button', { id: 'sign-out', class: 'right' }, 'Sign out');
   signOut.addEventListener('click', () => { sessionStorage.removeItem(TOKEN_KEY); location.hash = '#/'; route(); });
   fill(nav, link('#/', 'Queues'), signOut);
+  fill(app, h('p', { class: 'muted' }, 'Loading…'));
   const [, name, a, b] = location.hash.replace(/^#\/?/, '/').split('/');
   try {
     if (name === 'queue' && a) await queuePage(a);
@@ -374,10 +468,13 @@ async function route() {
     else if (name === 'expired' && a) await expiredPage(a);
     else await queuesPage();
   } catch (e) {
+    if (e.name === 'AbortError') return;
     if (e.code === 'UNAUTHENTICATED') { sessionStorage.removeItem(TOKEN_KEY); return signIn(e); }
-    page('Something failed', [link('#/', 'Queues')], errorBox(e));
+    const again = h('button', { class: 'secondary', id: 'try-again' }, 'Try again');
+    again.addEventListener('click', () => route());
+    page('Something failed', [link('#/', 'Queues')], errorBox(e), again);
   }
 }
 
-window.addEventListener('hashchange', route);
+window.addEventListener('hashchange', () => route());
 route();
