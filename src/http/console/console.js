@@ -372,13 +372,18 @@ async function deliveryPage(subId, deliveryId) {
     facts, retry, h('h2', {}, 'Timeline'), steps,
     h('h2', {}, 'Event ', h('span', { class: 'muted' }, '(as published, byte for byte in its numbers)')),
     h('pre', { id: 'event' }, exactJson(exact.event)));
-  // State and timeline follow the delivery (a retry, a new lease).
-  setTimeout(() => every(async () => {
-    try {
-      const [now, later] = await Promise.all([api('GET', base), api('GET', base + '/history')]);
-      show(now.delivery, later.items);
-    } catch (e) { failed(facts, e); }
-  }), REFRESH_MS);
+  // State and timeline follow the delivery (a retry, a new lease), from
+  // one refresh period on, unless the admin has moved on by then.
+  const signal = navigation.signal;
+  refreshTimer = setTimeout(() => {
+    if (signal.aborted) return;
+    every(async () => {
+      try {
+        const [now, later] = await Promise.all([api('GET', base), api('GET', base + '/history')]);
+        show(now.delivery, later.items);
+      } catch (e) { failed(facts, e); }
+    });
+  }, REFRESH_MS);
 }
 
 function deliveryCard(d) {
