@@ -18,6 +18,7 @@ pub mod http;
 pub mod journal;
 pub mod metrics;
 pub mod node;
+pub mod outbox;
 pub mod startup;
 pub mod state;
 pub mod store;

@@ -96,7 +96,7 @@ pub struct ResultSnapshot {
 
 /// The normalized form of one result, for the idempotency digest.
 #[derive(Serialize)]
-struct NormalizedResult {
+pub(crate) struct NormalizedResult {
     result_type: &'static str,
     aggregate_id: String,
     aggregate_revision: String,
@@ -117,86 +117,98 @@ fn validate(
     let mut out = Vec::with_capacity(body.results.len());
     let mut normalized = Vec::with_capacity(body.results.len());
     for (i, r) in body.results.into_iter().enumerate() {
-        let at = |field: &str, msg: &str| {
-            Error::invalid_argument(format!("results[{i}].{field}: {msg}"))
-        };
-        let result_type = ResultType::parse(&r.result_type).ok_or_else(|| {
-            at(
-                "type",
-                "must be task.succeeded, task.failed, task.cancelled or task.needs_review",
-            )
-        })?;
-        if !is_id(&r.aggregate_id) {
-            return Err(at("aggregate_id", "must be 32 lowercase hex characters"));
-        }
-        let occurred_at =
-            Timestamp::parse_rfc3339(&r.occurred_at).map_err(|m| at("occurred_at", m))?;
-        if !r.details.get().starts_with('{') {
-            return Err(at("details", "must be a JSON object"));
-        }
-        if !r.snapshot.get().starts_with('{') {
-            return Err(at("snapshot", "must be a JSON object"));
-        }
-        let snap: ResultSnapshot = strict_json::parse_checked(r.snapshot.get().as_bytes())
-            .map_err(|e| {
-                let field = if e.path == "." {
-                    "snapshot".to_owned()
-                } else {
-                    format!("snapshot.{}", e.path)
-                };
-                at(&field, &e.message)
-            })?;
-        if snap.schema_version != 1 {
-            return Err(at("snapshot.schema_version", "must be 1"));
-        }
-        if snap.task_id != r.aggregate_id {
-            return Err(at("snapshot.task_id", "must equal aggregate_id"));
-        }
-        if snap.queue_id != queue_id.as_str() {
-            return Err(at("snapshot.queue_id", "must equal the queue in the path"));
-        }
-        if snap.revision != r.aggregate_revision {
-            return Err(at("snapshot.revision", "must equal aggregate_revision"));
-        }
-        if snap.state != result_type.snapshot_state().as_str() {
-            return Err(at(
-                "snapshot.state",
-                &format!(
-                    "must be {} for {}",
-                    result_type.snapshot_state().as_str(),
-                    result_type
-                ),
-            ));
-        }
-        if snap
-            .current_attempt_id
-            .as_deref()
-            .is_some_and(|a| !is_id(a))
-        {
-            return Err(at(
-                "snapshot.current_attempt_id",
-                "must be 32 lowercase hex characters",
-            ));
-        }
-        let _ = snap.effect_uncertain;
-        normalized.push(NormalizedResult {
-            result_type: result_type.as_str(),
-            aggregate_id: r.aggregate_id.clone(),
-            aggregate_revision: r.aggregate_revision.to_string(),
-            occurred_at: occurred_at.micros(),
-            details: strict_json::canonical(&r.details)?,
-            snapshot: strict_json::canonical(&r.snapshot)?,
-        });
-        out.push(NewResult {
-            result_type,
-            aggregate_id: r.aggregate_id,
-            aggregate_revision: r.aggregate_revision.to_string(),
-            occurred_at,
-            details: r.details.get().to_owned(),
-            snapshot: r.snapshot.get().to_owned(),
-        });
+        let (result, norm) = validate_result(queue_id, &format!("results[{i}]"), r)?;
+        out.push(result);
+        normalized.push(norm);
     }
     Ok((out, normalized))
+}
+
+/// One result checked against the rules of result ingest (http-api.md §3)
+/// for `queue_id`; errors are 400 `INVALID_ARGUMENT` naming the field as
+/// `{label}.{field}`. Shared with the transactional outbox
+/// ([`crate::outbox`]).
+pub(crate) fn validate_result(
+    queue_id: &QueueId,
+    label: &str,
+    r: PublishedResult,
+) -> Result<(NewResult, NormalizedResult)> {
+    let at = |field: &str, msg: &str| Error::invalid_argument(format!("{label}.{field}: {msg}"));
+    let result_type = ResultType::parse(&r.result_type).ok_or_else(|| {
+        at(
+            "type",
+            "must be task.succeeded, task.failed, task.cancelled or task.needs_review",
+        )
+    })?;
+    if !is_id(&r.aggregate_id) {
+        return Err(at("aggregate_id", "must be 32 lowercase hex characters"));
+    }
+    let occurred_at = Timestamp::parse_rfc3339(&r.occurred_at).map_err(|m| at("occurred_at", m))?;
+    if !r.details.get().starts_with('{') {
+        return Err(at("details", "must be a JSON object"));
+    }
+    if !r.snapshot.get().starts_with('{') {
+        return Err(at("snapshot", "must be a JSON object"));
+    }
+    let snap: ResultSnapshot =
+        strict_json::parse_checked(r.snapshot.get().as_bytes()).map_err(|e| {
+            let field = if e.path == "." {
+                "snapshot".to_owned()
+            } else {
+                format!("snapshot.{}", e.path)
+            };
+            at(&field, &e.message)
+        })?;
+    if snap.schema_version != 1 {
+        return Err(at("snapshot.schema_version", "must be 1"));
+    }
+    if snap.task_id != r.aggregate_id {
+        return Err(at("snapshot.task_id", "must equal aggregate_id"));
+    }
+    if snap.queue_id != queue_id.as_str() {
+        return Err(at("snapshot.queue_id", "must equal the queue in the path"));
+    }
+    if snap.revision != r.aggregate_revision {
+        return Err(at("snapshot.revision", "must equal aggregate_revision"));
+    }
+    if snap.state != result_type.snapshot_state().as_str() {
+        return Err(at(
+            "snapshot.state",
+            &format!(
+                "must be {} for {}",
+                result_type.snapshot_state().as_str(),
+                result_type
+            ),
+        ));
+    }
+    if snap
+        .current_attempt_id
+        .as_deref()
+        .is_some_and(|a| !is_id(a))
+    {
+        return Err(at(
+            "snapshot.current_attempt_id",
+            "must be 32 lowercase hex characters",
+        ));
+    }
+    let _ = snap.effect_uncertain;
+    let normalized = NormalizedResult {
+        result_type: result_type.as_str(),
+        aggregate_id: r.aggregate_id.clone(),
+        aggregate_revision: r.aggregate_revision.to_string(),
+        occurred_at: occurred_at.micros(),
+        details: strict_json::canonical(&r.details)?,
+        snapshot: strict_json::canonical(&r.snapshot)?,
+    };
+    let result = NewResult {
+        result_type,
+        aggregate_id: r.aggregate_id,
+        aggregate_revision: r.aggregate_revision.to_string(),
+        occurred_at,
+        details: r.details.get().to_owned(),
+        snapshot: r.snapshot.get().to_owned(),
+    };
+    Ok((result, normalized))
 }
 
 /// `POST /v1/queues/{queue_id}/results` (results:publish): appends the whole

@@ -24,6 +24,7 @@ mod lifetime;
 mod logs;
 mod metrics;
 mod multinode;
+mod outbox;
 #[cfg(feature = "test-hooks")]
 mod pool;
 mod protocol_bounds;

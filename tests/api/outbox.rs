@@ -1,0 +1,346 @@
+//! The transactional outbox (`orbit_events::outbox`, docs/outbox.md): a
+//! producer appends a result inside its own transaction on the node's
+//! database, next to its own rows; both backends.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use orbit_events::outbox::{self, Appended};
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait};
+use serde_json::json;
+
+use crate::helpers::*;
+
+/// The producer's own connection to the node's database, with its own
+/// table of tasks.
+async fn producer(app: &TestApp) -> DatabaseConnection {
+    let db = Database::connect(&app.settings.database.url).await.unwrap();
+    let backend = db.get_database_backend();
+    db.execute_raw(Statement::from_string(
+        backend,
+        "CREATE TABLE IF NOT EXISTS producer_tasks (id TEXT PRIMARY KEY)".to_owned(),
+    ))
+    .await
+    .unwrap();
+    db
+}
+
+/// Inserts the producer's own row in `txn`.
+async fn insert_task<C: ConnectionTrait>(txn: &C, task_id: &str) {
+    txn.execute_raw(Statement::from_string(
+        txn.get_database_backend(),
+        format!("INSERT INTO producer_tasks (id) VALUES ('{task_id}')"),
+    ))
+    .await
+    .unwrap();
+}
+
+async fn tasks(app: &TestApp) -> i64 {
+    app.column::<i64>("SELECT COUNT(*) FROM producer_tasks")
+        .await
+        .pop()
+        .unwrap()
+}
+
+async fn head(app: &TestApp, cred: &Cred) -> String {
+    let res = app.get("/v1/queues", &cred.token).await;
+    res.data()["items"][0]["head_sequence"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A result of `cred`'s queue for a new task: (task id, JSON text).
+fn task_result(cred: &Cred, result_type: &str) -> (String, String) {
+    let r = result(&cred.queue_id, result_type);
+    let task = r["aggregate_id"].as_str().unwrap().to_owned();
+    (task, r.to_string())
+}
+
+#[actix_web::test]
+async fn a_producer_transaction_that_rolls_back_leaves_no_event_and_consumes_no_sequence() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let db = producer(&app).await;
+    let (task, text) = task_result(&cred, "task.succeeded");
+    let txn = db.begin().await.unwrap();
+    insert_task(&txn, &task).await;
+    let appended = outbox::append_result(&txn, &cred.queue_id, &text, None)
+        .await
+        .unwrap();
+    assert_eq!(appended.sequence, 1);
+    txn.rollback().await.unwrap();
+    assert_eq!(tasks(&app).await, 0);
+    assert_eq!(head(&app, &cred).await, "0", "no sequence consumed");
+    assert_eq!(
+        app.column::<i64>("SELECT COUNT(*) FROM result_events")
+            .await
+            .pop(),
+        Some(0)
+    );
+    // The next append takes sequence 1: the log stays dense.
+    let txn = db.begin().await.unwrap();
+    let again = outbox::append_result(&txn, &cred.queue_id, &text, None)
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(again.sequence, 1);
+}
+
+#[actix_web::test]
+async fn a_committed_outbox_append_is_delivered_once_to_every_matching_subscription() {
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 50).await;
+    let cred = app.bootstrap().await;
+    let all = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let failed_only = app
+        .subscribe(
+            &cred,
+            json!({ "from_sequence": "0", "types": ["task.failed"] }),
+        )
+        .await;
+    let mut ws_all = app.bind(&cred.token, all["id"].as_str().unwrap(), 4).await;
+    let mut ws_failed = app
+        .bind(&cred.token, failed_only["id"].as_str().unwrap(), 4)
+        .await;
+    let db = producer(&app).await;
+    let (task, text) = task_result(&cred, "task.succeeded");
+    let txn = db.begin().await.unwrap();
+    insert_task(&txn, &task).await;
+    let appended = outbox::append_result(&txn, &cred.queue_id, &text, None)
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(
+        tasks(&app).await,
+        1,
+        "the producer's own row committed with it"
+    );
+    let d = ws_all.delivery().await;
+    assert_eq!(d["body"]["event"]["id"], appended.event_id.as_str());
+    assert_eq!(d["body"]["event"]["aggregate_id"], task.as_str());
+    ws_all.ack(&d).await;
+    assert!(
+        ws_all
+            .delivery_within(Duration::from_millis(500))
+            .await
+            .is_none(),
+        "delivered once"
+    );
+    assert!(
+        ws_failed
+            .delivery_within(Duration::from_millis(300))
+            .await
+            .is_none(),
+        "a subscription of other types gets nothing"
+    );
+}
+
+#[actix_web::test]
+async fn a_retried_producer_transaction_with_the_same_key_appends_once() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let db = producer(&app).await;
+    let (_, text) = task_result(&cred, "task.succeeded");
+    let txn = db.begin().await.unwrap();
+    let first = outbox::append_result(&txn, &cred.queue_id, &text, Some("task-42"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    // The producer lost the commit's answer and runs the transaction again.
+    let txn = db.begin().await.unwrap();
+    let retried = outbox::append_result(&txn, &cred.queue_id, &text, Some("task-42"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(
+        retried,
+        Appended {
+            deduplicated: true,
+            ..first.clone()
+        }
+    );
+    assert!(!first.deduplicated);
+    assert_eq!(head(&app, &cred).await, "1");
+    // The same key for another result is a conflict.
+    let (_, other) = task_result(&cred, "task.failed");
+    let txn = db.begin().await.unwrap();
+    let err = outbox::append_result(&txn, &cred.queue_id, &other, Some("task-42"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().as_str(), "IDEMPOTENCY_CONFLICT", "{err}");
+    txn.rollback().await.unwrap();
+    // A key whose first transaction rolled back is free.
+    let txn = db.begin().await.unwrap();
+    outbox::append_result(&txn, &cred.queue_id, &other, Some("task-43"))
+        .await
+        .unwrap();
+    txn.rollback().await.unwrap();
+    let txn = db.begin().await.unwrap();
+    let fresh = outbox::append_result(&txn, &cred.queue_id, &other, Some("task-43"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    assert!(!fresh.deduplicated);
+    assert_eq!(fresh.sequence, 2);
+}
+
+#[actix_web::test]
+async fn an_invalid_outbox_append_names_the_rule_and_leaves_the_producers_transaction_usable() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let other_queue = app.bootstrap().await.queue_id;
+    let db = producer(&app).await;
+    let (task, text) = task_result(&cred, "task.succeeded");
+    let txn = db.begin().await.unwrap();
+    insert_task(&txn, &task).await;
+    for (bad, code, names) in [
+        (
+            text.replace(&cred.queue_id, &other_queue),
+            "INVALID_ARGUMENT",
+            "result.snapshot.queue_id",
+        ),
+        (
+            text.replace("task.succeeded", "task.done"),
+            "INVALID_ARGUMENT",
+            "result.type",
+        ),
+        ("{\"type\": 1".to_owned(), "INVALID_ARGUMENT", "result"),
+        (
+            format!("{{{}, \"extra\": 1}}", &text[1..text.len() - 1]),
+            "INVALID_ARGUMENT",
+            "extra",
+        ),
+    ] {
+        let err = outbox::append_result(&txn, &cred.queue_id, &bad, None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code().as_str(), code, "{bad}: {err}");
+        assert!(err.to_string().contains(names), "{bad}: {err}");
+    }
+    let unknown = "0123456789abcdef0123456789abcdef";
+    let err = outbox::append_result(&txn, unknown, &text.replace(&cred.queue_id, unknown), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().as_str(), "NOT_FOUND");
+    let err = outbox::append_result(&txn, &cred.queue_id, &text, Some("bad key"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().as_str(), "INVALID_ARGUMENT");
+    // Nothing of the refused appends is left; the transaction goes on.
+    txn.commit().await.unwrap();
+    assert_eq!(tasks(&app).await, 1);
+    assert_eq!(head(&app, &cred).await, "0");
+}
+
+#[actix_web::test]
+async fn eight_concurrent_producers_leave_a_dense_log_in_commit_order_and_consumers_miss_nothing() {
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 50).await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let sub_id = sub["id"].as_str().unwrap().to_owned();
+    let db = producer(&app).await;
+    // A consumer reads while the producers write.
+    let recorder = crate::sdk_support::Recorder::default();
+    let running = crate::sdk_support::Running::start(
+        crate::sdk_support::consumer(&app.address, &cred, &sub_id, 32),
+        recorder.clone(),
+    );
+    // (sequence, when its commit returned)
+    let committed: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let until = Instant::now() + Duration::from_secs(10);
+    let producers: Vec<_> = (0..8)
+        .map(|_| {
+            let (db, cred, committed) = (db.clone(), cred.clone(), committed.clone());
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    let (task, text) = task_result(&cred, "task.succeeded");
+                    let txn = db.begin().await.unwrap();
+                    insert_task(&txn, &task).await;
+                    let a = outbox::append_result(&txn, &cred.queue_id, &text, None)
+                        .await
+                        .unwrap();
+                    // Hold the transaction a random while: commits come in
+                    // random order, and later appends wait for this one.
+                    let hold = rand::random_range(0..5u64);
+                    tokio::time::sleep(Duration::from_millis(hold)).await;
+                    txn.commit().await.unwrap();
+                    committed.lock().unwrap().push((a.sequence, Instant::now()));
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.await.unwrap();
+    }
+    let mut committed = committed.lock().unwrap().clone();
+    let n = committed.len() as u64;
+    assert!(n > 50, "{n} appends in 10 s");
+    committed.sort();
+    let sequences: Vec<u64> = committed.iter().map(|(s, _)| *s).collect();
+    assert_eq!(sequences, (1..=n).collect::<Vec<_>>(), "a dense log");
+    for pair in committed.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].1,
+            "sequence {} committed after {}",
+            pair[0].0,
+            pair[1].0
+        );
+    }
+    assert_eq!(head(&app, &cred).await, n.to_string());
+    assert_eq!(tasks(&app).await as u64, n);
+    recorder
+        .until("every append delivered", |r| {
+            r.deliveries
+                .iter()
+                .map(|d| d.event.sequence)
+                .collect::<HashSet<_>>()
+                .len() as u64
+                == n
+        })
+        .await;
+    running.stop().await.unwrap();
+}
+
+#[actix_web::test]
+async fn on_postgresql_an_outbox_append_reaches_a_connected_consumer_without_waiting_for_the_scan_interval()
+ {
+    if skip_unless_backend(
+        "postgres",
+        "SQLite has no NOTIFY: the node finds outbox appends within timing.scan_interval_ms",
+    ) {
+        return;
+    }
+    // The fallback poll is 10 minutes away: only the commit's NOTIFY can
+    // wake the node.
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let mut ws = app.bind(&cred.token, sub["id"].as_str().unwrap(), 4).await;
+    let db = producer(&app).await;
+    let mut waits = Vec::new();
+    for _ in 0..20 {
+        let (_, text) = task_result(&cred, "task.succeeded");
+        let txn = db.begin().await.unwrap();
+        let appended = outbox::append_result(&txn, &cred.queue_id, &text, None)
+            .await
+            .unwrap();
+        let committed = Instant::now();
+        txn.commit().await.unwrap();
+        let d = ws
+            .delivery_within(Duration::from_secs(5))
+            .await
+            .expect("delivered long before the scan interval");
+        waits.push(committed.elapsed());
+        assert_eq!(d["body"]["event"]["id"], appended.event_id.as_str());
+        ws.ack(&d).await;
+    }
+    waits.sort();
+    report(&format!(
+        "outbox commit → event.deliver on PostgreSQL (scan interval 600 s, NOTIFY only): 20 appends, p50 {:?}, max {:?}",
+        waits[10], waits[19]
+    ));
+    assert!(waits[19] < Duration::from_secs(5));
+}
