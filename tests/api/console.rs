@@ -173,6 +173,19 @@ async fn subscription(app: &TestApp, cred: &Cred, name: &str, extra: Value) -> S
         .to_owned()
 }
 
+/// Pauses `sub_id` (at revision 1) over the API, as another admin would.
+async fn pause(app: &TestApp, cred: &Cred, sub_id: &str, reason: &str) {
+    let res = app
+        .post(
+            &format!("/v1/subscriptions/{sub_id}:configure"),
+            &cred.token,
+            &format!("pause-{sub_id}"),
+            &json!({ "expected_revision": "1", "enabled": false, "reason": reason }),
+        )
+        .await;
+    assert_eq!(res.status, 200, "{:#}", res.body);
+}
+
 async fn blocked_codes(app: &TestApp, cred: &Cred, sub_id: &str) -> Vec<String> {
     let res = app
         .get(&format!("/v1/subscriptions/{sub_id}/status"), &cred.token)
@@ -204,15 +217,7 @@ async fn an_admin_sees_why_subscriptions_are_stuck_resumes_one_and_redrives_expi
     let held = subscription(&app, &cred, "held", json!({ "max_pending": 2 })).await;
     // Paused before anything arrives (PAUSED).
     let paused = subscription(&app, &cred, "paused", json!({})).await;
-    let res = app
-        .post(
-            &format!("/v1/subscriptions/{paused}:configure"),
-            &cred.token,
-            "pause",
-            &json!({ "expected_revision": "1", "enabled": false, "reason": "maintenance" }),
-        )
-        .await;
-    assert_eq!(res.status, 200, "{:#}", res.body);
+    pause(&app, &cred, &paused, "maintenance").await;
     // Spent: one attempt each, leases never ACKed: all EXPIRED.
     let spent = subscription(&app, &cred, "spent", json!({ "max_attempts": 1 })).await;
     for _ in 0..3 {
@@ -314,15 +319,7 @@ async fn an_admin_sees_why_subscriptions_are_stuck_resumes_one_and_redrives_expi
     browser
         .until_text("#toggle", "held's page", |t| t == "Pause")
         .await;
-    let res = app
-        .post(
-            &format!("/v1/subscriptions/{held}:configure"),
-            &cred.token,
-            "pause-held",
-            &json!({ "expected_revision": "1", "enabled": false, "reason": "someone else" }),
-        )
-        .await;
-    assert_eq!(res.status, 200, "{:#}", res.body);
+    pause(&app, &cred, &held, "someone else").await;
     browser.type_into("#reason", "stale page").await;
     browser.click("#toggle").await;
     browser

@@ -138,23 +138,34 @@ async fn a_committed_outbox_append_is_delivered_once_to_every_matching_subscript
     );
 }
 
+/// One append in a transaction of its own, committed or rolled back.
+async fn append_alone(
+    db: &DatabaseConnection,
+    queue_id: &str,
+    text: &str,
+    key: &str,
+    commit: bool,
+) -> Result<Appended, orbit_events::error::Error> {
+    let txn = db.begin().await.unwrap();
+    let appended = outbox::append_result(&txn, queue_id, text, Some(key)).await;
+    if commit && appended.is_ok() {
+        txn.commit().await.unwrap();
+    } else {
+        txn.rollback().await.unwrap();
+    }
+    appended
+}
+
 #[actix_web::test]
 async fn a_retried_producer_transaction_with_the_same_key_appends_once() {
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let db = producer(&app).await;
+    let q = cred.queue_id.as_str();
     let (_, text) = task_result(&cred, "task.succeeded");
-    let txn = db.begin().await.unwrap();
-    let first = outbox::append_result(&txn, &cred.queue_id, &text, Some("task-42"))
-        .await
-        .unwrap();
-    txn.commit().await.unwrap();
+    let first = append_alone(&db, q, &text, "task-42", true).await.unwrap();
     // The producer lost the commit's answer and runs the transaction again.
-    let txn = db.begin().await.unwrap();
-    let retried = outbox::append_result(&txn, &cred.queue_id, &text, Some("task-42"))
-        .await
-        .unwrap();
-    txn.commit().await.unwrap();
+    let retried = append_alone(&db, q, &text, "task-42", true).await.unwrap();
     assert_eq!(
         retried,
         Appended {
@@ -166,23 +177,15 @@ async fn a_retried_producer_transaction_with_the_same_key_appends_once() {
     assert_eq!(head(&app, &cred).await, "1");
     // The same key for another result is a conflict.
     let (_, other) = task_result(&cred, "task.failed");
-    let txn = db.begin().await.unwrap();
-    let err = outbox::append_result(&txn, &cred.queue_id, &other, Some("task-42"))
+    let err = append_alone(&db, q, &other, "task-42", true)
         .await
         .unwrap_err();
     assert_eq!(err.code().as_str(), "IDEMPOTENCY_CONFLICT", "{err}");
-    txn.rollback().await.unwrap();
     // A key whose first transaction rolled back is free.
-    let txn = db.begin().await.unwrap();
-    outbox::append_result(&txn, &cred.queue_id, &other, Some("task-43"))
+    append_alone(&db, q, &other, "task-43", false)
         .await
         .unwrap();
-    txn.rollback().await.unwrap();
-    let txn = db.begin().await.unwrap();
-    let fresh = outbox::append_result(&txn, &cred.queue_id, &other, Some("task-43"))
-        .await
-        .unwrap();
-    txn.commit().await.unwrap();
+    let fresh = append_alone(&db, q, &other, "task-43", true).await.unwrap();
     assert!(!fresh.deduplicated);
     assert_eq!(fresh.sequence, 2);
 }
