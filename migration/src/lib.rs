@@ -11,6 +11,7 @@ mod m20261130_000066_event_index_without_state;
 mod m20261201_000076_write_probes;
 mod m20261201_000079_lean_deliveries;
 mod m20261202_000081_delivery_history;
+mod m20261202_000087_outbox_function;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000076_write_probes::Migration),
             Box::new(m20261201_000079_lean_deliveries::Migration),
             Box::new(m20261202_000081_delivery_history::Migration),
+            Box::new(m20261202_000087_outbox_function::Migration),
         ]
     }
 }

@@ -347,3 +347,285 @@ async fn on_postgresql_an_outbox_append_reaches_a_connected_consumer_without_wai
     ));
     assert!(waits[19] < Duration::from_secs(5));
 }
+
+/// A login role that may only call the outbox function (and write its own
+/// table), and the node's database as that role.
+async fn producer_role(app: &TestApp, db: &DatabaseConnection) -> (String, DatabaseConnection) {
+    let role = format!("producer_{}", &crate::protocol_support::mid()[..12]);
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA orbit_events TO {role}"),
+        format!("GRANT EXECUTE ON FUNCTION orbit_events.append_result(text, text, text) TO {role}"),
+        format!("GRANT INSERT, SELECT ON producer_tasks TO {role}"),
+    ] {
+        db.execute_unprepared(&sql).await.unwrap();
+    }
+    let url = app
+        .settings
+        .database
+        .url
+        .replacen("://postgres@", &format!("://{role}@"), 1);
+    assert_ne!(
+        url, app.settings.database.url,
+        "the test URL names its user"
+    );
+    (role, Database::connect(&url).await.unwrap())
+}
+
+/// `orbit_events.append_result(queue, result, key)` in `txn`.
+async fn append_sql<C: ConnectionTrait>(
+    txn: &C,
+    queue_id: &str,
+    result: &str,
+    key: Option<&str>,
+) -> Result<(String, i64, bool), sea_orm::DbErr> {
+    let row = txn
+        .query_one_raw(Statement::from_sql_and_values(
+            sea_orm::DbBackend::Postgres,
+            "SELECT event_id, sequence, deduplicated FROM orbit_events.append_result($1, $2, $3)",
+            [
+                queue_id.into(),
+                result.into(),
+                key.map(str::to_owned).into(),
+            ],
+        ))
+        .await?
+        .unwrap();
+    Ok((
+        row.try_get_by_index(0)?,
+        row.try_get_by_index(1)?,
+        row.try_get_by_index(2)?,
+    ))
+}
+
+#[actix_web::test]
+async fn a_producer_role_with_only_execute_appends_in_its_own_postgresql_transaction_and_reads_nothing()
+ {
+    if skip_unless_backend("postgres", "the outbox SQL function is PostgreSQL's") {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 50).await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let mut ws = app.bind(&cred.token, sub["id"].as_str().unwrap(), 4).await;
+    let owner = producer(&app).await;
+    let (role, db) = producer_role(&app, &owner).await;
+
+    // Rolled back: nothing, not even a sequence.
+    let (task, text) = task_result(&cred, "task.succeeded");
+    let txn = db.begin().await.unwrap();
+    insert_task(&txn, &task).await;
+    let (_, seq, _) = append_sql(&txn, &cred.queue_id, &text, None).await.unwrap();
+    assert_eq!(seq, 1);
+    txn.rollback().await.unwrap();
+    assert_eq!(head(&app, &cred).await, "0");
+    assert_eq!(tasks(&app).await, 0);
+
+    // Committed with the producer's own row, numbers kept byte for byte.
+    let exact = text.replace(
+        "\"details\":{",
+        "\"details\":{\"amount\": 0.10000000000000000000001, \"big\":123456789012345678901234567890,",
+    );
+    assert_ne!(exact, text, "{text}");
+    let txn = db.begin().await.unwrap();
+    insert_task(&txn, &task).await;
+    let (event_id, seq, dedup) = append_sql(&txn, &cred.queue_id, &exact, Some("task-1"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!((seq, dedup), (1, false));
+    assert_eq!(tasks(&app).await, 1);
+    let d = ws.delivery().await;
+    assert_eq!(d["body"]["event"]["id"], event_id.as_str());
+    ws.ack(&d).await;
+    let stored = app
+        .column::<String>(&format!(
+            "SELECT details FROM result_events WHERE id = '{event_id}'"
+        ))
+        .await
+        .pop()
+        .unwrap();
+    assert!(
+        stored.contains("\"amount\": 0.10000000000000000000001")
+            && stored.contains("\"big\":123456789012345678901234567890"),
+        "byte for byte: {stored}"
+    );
+
+    // A retried transaction with the same key appends once.
+    let txn = db.begin().await.unwrap();
+    let again = append_sql(&txn, &cred.queue_id, &exact, Some("task-1"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(again, (event_id.clone(), 1, true));
+    assert_eq!(head(&app, &cred).await, "1");
+
+    // Refusals: the spec's code first in the message, the SQLSTATE class.
+    let other = app.bootstrap().await.queue_id;
+    for (bad, message) in [
+        (
+            text.replace(&cred.queue_id, &other),
+            "INVALID_ARGUMENT: result.snapshot.queue_id",
+        ),
+        (
+            text.replace("task.succeeded", "task.done"),
+            "INVALID_ARGUMENT: result.type",
+        ),
+        ("{\"type\": 1".to_owned(), "INVALID_ARGUMENT: result"),
+        (
+            format!("{{{}, \"extra\": 1}}", &text[1..text.len() - 1]),
+            "result.extra: unknown field",
+        ),
+        (
+            exact.replace("\"big\"", "\"amount\""),
+            "a key appears twice",
+        ),
+    ] {
+        let txn = db.begin().await.unwrap();
+        let err = append_sql(&txn, &cred.queue_id, &bad, None)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(message), "{bad}: {err}");
+        txn.rollback().await.unwrap();
+    }
+    let txn = db.begin().await.unwrap();
+    let err = append_sql(&txn, &cred.queue_id, &text, Some("task-1"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("IDEMPOTENCY_CONFLICT"), "{err}");
+    txn.rollback().await.unwrap();
+    let txn = db.begin().await.unwrap();
+    let unknown = "0123456789abcdef0123456789abcdef";
+    let err = append_sql(&txn, unknown, &text.replace(&cred.queue_id, unknown), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("NOT_FOUND"), "{err}");
+    txn.rollback().await.unwrap();
+
+    // The role can append, and read nothing of the service.
+    for table in ["deliveries", "result_events", "credentials", "queues"] {
+        let err = db
+            .query_one_raw(Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                format!("SELECT * FROM {table} LIMIT 1"),
+            ))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("permission denied"), "{table}: {err}");
+    }
+    db.close().await.unwrap();
+    owner
+        .execute_unprepared(&format!(
+            "REVOKE ALL ON producer_tasks FROM {role}; REVOKE ALL ON SCHEMA orbit_events FROM {role}; \
+             REVOKE ALL ON FUNCTION orbit_events.append_result(text, text, text) FROM {role}; DROP ROLE {role}"
+        ))
+        .await
+        .unwrap();
+}
+
+#[actix_web::test]
+async fn the_python_producer_commits_its_task_and_result_together_and_a_retry_appends_once() {
+    if skip_unless_backend("postgres", "the outbox SQL function is PostgreSQL's") {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 50).await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let mut ws = app.bind(&cred.token, sub["id"].as_str().unwrap(), 4).await;
+    let owner = producer(&app).await;
+    owner
+        .execute_unprepared(
+            "CREATE TABLE tasks (id TEXT PRIMARY KEY, revision BIGINT NOT NULL, state TEXT NOT NULL)",
+        )
+        .await
+        .unwrap();
+    let (role, db) = producer_role(&app, &owner).await;
+    db.close().await.unwrap();
+    owner
+        .execute_unprepared(&format!("GRANT SELECT, INSERT, UPDATE ON tasks TO {role}"))
+        .await
+        .unwrap();
+    let url = app
+        .settings
+        .database
+        .url
+        .replacen("://postgres@", &format!("://{role}@"), 1);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/python/outbox_producer.py");
+    let python = crate::python_consumer::python();
+    let run = |task: &str, fail: bool| {
+        let mut cmd = std::process::Command::new(&python);
+        cmd.arg(&script).args([
+            "--database",
+            &url,
+            "--queue",
+            &cred.queue_id,
+            "--task",
+            task,
+            "--revision",
+            "2",
+            "--occurred-at",
+            "2026-12-02T10:00:00.123456Z",
+        ]);
+        if fail {
+            cmd.arg("--fail");
+        }
+        cmd.output().unwrap()
+    };
+    let task = crate::protocol_support::mid();
+    let first = run(&task, false);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(line["sequence"], 1);
+    assert_eq!(line["deduplicated"], false);
+    let d = ws.delivery().await;
+    assert_eq!(d["body"]["event"]["id"], line["event_id"]);
+    assert_eq!(d["body"]["event"]["aggregate_id"], task.as_str());
+    ws.ack(&d).await;
+    // The same task and revision again: the key appends nothing new.
+    let again = run(&task, false);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let replay: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(replay["event_id"], line["event_id"]);
+    assert_eq!(replay["deduplicated"], true);
+    // A failure after the append: neither the task nor its result.
+    let other = crate::protocol_support::mid();
+    let failed = run(&other, true);
+    assert_eq!(
+        failed.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&failed.stderr)
+    );
+    assert_eq!(head(&app, &cred).await, "1");
+    assert_eq!(
+        app.column::<i64>(&format!("SELECT COUNT(*) FROM tasks WHERE id = '{other}'"))
+            .await
+            .pop(),
+        Some(0)
+    );
+    assert_eq!(
+        app.column::<i64>("SELECT COUNT(*) FROM tasks").await.pop(),
+        Some(1)
+    );
+    owner
+        .execute_unprepared(&format!(
+            "REVOKE ALL ON tasks FROM {role}; REVOKE ALL ON producer_tasks FROM {role}; \
+             REVOKE ALL ON SCHEMA orbit_events FROM {role}; \
+             REVOKE ALL ON FUNCTION orbit_events.append_result(text, text, text) FROM {role}; DROP ROLE {role}"
+        ))
+        .await
+        .unwrap();
+}

@@ -37,7 +37,7 @@ const EXACT_NUMBERS: &str =
 /// and reused while `requirements.txt` is unchanged. A lock file keeps two
 /// test processes from making it at once; the marker naming what it was
 /// made from is written last, by a rename, so a half-made one is made again.
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON
         .get_or_init(|| {
