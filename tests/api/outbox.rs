@@ -629,3 +629,71 @@ async fn the_python_producer_commits_its_task_and_result_together_and_a_retry_ap
         .await
         .unwrap();
 }
+
+#[actix_web::test]
+async fn the_rust_example_producer_commits_its_task_and_result_together_and_a_retry_appends_once() {
+    // Built (or found up to date) first: a connection idle that long closes.
+    let exe = crate::sdk_crash::workspace_program("outbox_producer");
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 50).await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
+    let mut ws = app.bind(&cred.token, sub["id"].as_str().unwrap(), 4).await;
+    let url = app.settings.database.url.clone();
+    let run = |task: &str, fail: bool| {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args([
+            "--database",
+            &url,
+            "--queue",
+            &cred.queue_id,
+            "--task",
+            task,
+            "--revision",
+            "2",
+            "--occurred-at",
+            "2026-12-02T10:00:00.123456Z",
+        ]);
+        if fail {
+            cmd.arg("--fail");
+        }
+        cmd.output().unwrap()
+    };
+    let task = crate::protocol_support::mid();
+    let first = run(&task, false);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(
+        (line["sequence"].as_u64(), line["deduplicated"].as_bool()),
+        (Some(1), Some(false))
+    );
+    let d = ws.delivery().await;
+    assert_eq!(d["body"]["event"]["id"], line["event_id"]);
+    ws.ack(&d).await;
+    let again = run(&task, false);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let replay: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(replay["event_id"], line["event_id"]);
+    assert_eq!(replay["deduplicated"], true);
+    let other = crate::protocol_support::mid();
+    let failed = run(&other, true);
+    assert_eq!(
+        failed.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&failed.stderr)
+    );
+    assert_eq!(head(&app, &cred).await, "1");
+    assert_eq!(
+        app.column::<i64>("SELECT COUNT(*) FROM tasks").await.pop(),
+        Some(1),
+        "the failed run left no task either"
+    );
+}

@@ -37,8 +37,14 @@ const RUN_DEADLINE: Duration = Duration::from_secs(300);
 /// test` builds no program of another package for a test. Returns its
 /// path.
 pub fn inbox_consumer_exe() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
+    workspace_program("inbox_consumer")
+}
+
+/// A program of the workspace's example packages (`inbox_consumer`,
+/// `outbox_producer`), built as [`inbox_consumer_exe`] says.
+pub fn workspace_program(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Vec<(String, PathBuf)>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
         // The same selection as `scripts/test`, so that nothing but the
         // consumer itself is built (another selection would unify features
         // differently and rebuild the dependencies).
@@ -74,21 +80,27 @@ pub fn inbox_consumer_exe() -> PathBuf {
         let out = cargo.output().expect("run cargo build");
         assert!(
             out.status.success(),
-            "cargo build of the inbox_consumer program failed"
+            "cargo build of the workspace's programs failed"
         );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .filter(|m| {
                 m["reason"] == "compiler-artifact"
-                    && m["target"]["name"] == "inbox_consumer"
                     && m["target"]["kind"] == serde_json::json!(["bin"])
                     && m["profile"]["test"] == false
             })
-            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo named the inbox_consumer executable")
-    })
-    .clone()
+            .filter_map(|m| {
+                let exe = m["executable"].as_str()?;
+                Some((m["target"]["name"].as_str()?.to_owned(), PathBuf::from(exe)))
+            })
+            .collect()
+    });
+    built
+        .iter()
+        .find(|(program, _)| program == name)
+        .map(|(_, exe)| exe.clone())
+        .unwrap_or_else(|| panic!("cargo named no {name} executable"))
 }
 
 /// A credential made by the real `orbit-events bootstrap` command.
