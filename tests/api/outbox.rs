@@ -557,69 +557,8 @@ async fn the_python_producer_commits_its_task_and_result_together_and_a_retry_ap
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/python/outbox_producer.py");
     let python = crate::python_consumer::python();
-    let run = |task: &str, fail: bool| {
-        let mut cmd = std::process::Command::new(&python);
-        cmd.arg(&script).args([
-            "--database",
-            &url,
-            "--queue",
-            &cred.queue_id,
-            "--task",
-            task,
-            "--revision",
-            "2",
-            "--occurred-at",
-            "2026-12-02T10:00:00.123456Z",
-        ]);
-        if fail {
-            cmd.arg("--fail");
-        }
-        cmd.output().unwrap()
-    };
-    let task = crate::protocol_support::mid();
-    let first = run(&task, false);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
-    let line: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
-    assert_eq!(line["sequence"], 1);
-    assert_eq!(line["deduplicated"], false);
-    let d = ws.delivery().await;
-    assert_eq!(d["body"]["event"]["id"], line["event_id"]);
-    assert_eq!(d["body"]["event"]["aggregate_id"], task.as_str());
-    ws.ack(&d).await;
-    // The same task and revision again: the key appends nothing new.
-    let again = run(&task, false);
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
-    let replay: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
-    assert_eq!(replay["event_id"], line["event_id"]);
-    assert_eq!(replay["deduplicated"], true);
-    // A failure after the append: neither the task nor its result.
-    let other = crate::protocol_support::mid();
-    let failed = run(&other, true);
-    assert_eq!(
-        failed.status.code(),
-        Some(4),
-        "{}",
-        String::from_utf8_lossy(&failed.stderr)
-    );
-    assert_eq!(head(&app, &cred).await, "1");
-    assert_eq!(
-        app.column::<i64>(&format!("SELECT COUNT(*) FROM tasks WHERE id = '{other}'"))
-            .await
-            .pop(),
-        Some(0)
-    );
-    assert_eq!(
-        app.column::<i64>("SELECT COUNT(*) FROM tasks").await.pop(),
-        Some(1)
-    );
+    let program = [python.as_os_str(), script.as_os_str()];
+    check_example_producer(&app, &cred, &mut ws, &program, &url, 4).await;
     owner
         .execute_unprepared(&format!(
             "REVOKE ALL ON tasks FROM {role}; REVOKE ALL ON producer_tasks FROM {role}; \
@@ -639,11 +578,26 @@ async fn the_rust_example_producer_commits_its_task_and_result_together_and_a_re
     let sub = app.subscribe(&cred, json!({ "from_sequence": "0" })).await;
     let mut ws = app.bind(&cred.token, sub["id"].as_str().unwrap(), 4).await;
     let url = app.settings.database.url.clone();
+    check_example_producer(&app, &cred, &mut ws, &[exe.as_os_str()], &url, 3).await;
+}
+
+/// Runs an example producer (`program`: the command and its first
+/// arguments) as the docs say: its task and result commit together, a
+/// second run for the same task and revision appends nothing new, and
+/// `--fail` (exit `fail_code`) leaves neither.
+async fn check_example_producer(
+    app: &TestApp,
+    cred: &Cred,
+    ws: &mut WsClient,
+    program: &[&std::ffi::OsStr],
+    url: &str,
+    fail_code: i32,
+) {
     let run = |task: &str, fail: bool| {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.args([
+        let mut cmd = std::process::Command::new(program[0]);
+        cmd.args(&program[1..]).args([
             "--database",
-            &url,
+            url,
             "--queue",
             &cred.queue_id,
             "--task",
@@ -656,44 +610,37 @@ async fn the_rust_example_producer_commits_its_task_and_result_together_and_a_re
         if fail {
             cmd.arg("--fail");
         }
-        cmd.output().unwrap()
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code(),
+            serde_json::from_slice::<serde_json::Value>(&out.stdout).ok(),
+            stderr,
+        )
     };
     let task = crate::protocol_support::mid();
-    let first = run(&task, false);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
-    let line: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
-    assert_eq!(
-        (line["sequence"].as_u64(), line["deduplicated"].as_bool()),
-        (Some(1), Some(false))
-    );
+    let (code, first, stderr) = run(&task, false);
+    assert_eq!(code, Some(0), "{stderr}");
+    let first = first.unwrap();
+    assert_eq!(first["sequence"], 1);
+    assert_eq!(first["deduplicated"], false);
     let d = ws.delivery().await;
-    assert_eq!(d["body"]["event"]["id"], line["event_id"]);
+    assert_eq!(d["body"]["event"]["id"], first["event_id"]);
+    assert_eq!(d["body"]["event"]["aggregate_id"], task.as_str());
     ws.ack(&d).await;
-    let again = run(&task, false);
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
-    let replay: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
-    assert_eq!(replay["event_id"], line["event_id"]);
+    // The same task and revision again: the key appends nothing new.
+    let (code, replay, stderr) = run(&task, false);
+    assert_eq!(code, Some(0), "{stderr}");
+    let replay = replay.unwrap();
+    assert_eq!(replay["event_id"], first["event_id"]);
     assert_eq!(replay["deduplicated"], true);
-    let other = crate::protocol_support::mid();
-    let failed = run(&other, true);
-    assert_eq!(
-        failed.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&failed.stderr)
-    );
-    assert_eq!(head(&app, &cred).await, "1");
+    // A failure after the append: neither the task nor its result.
+    let (code, _, stderr) = run(&crate::protocol_support::mid(), true);
+    assert_eq!(code, Some(fail_code), "{stderr}");
+    assert_eq!(head(app, cred).await, "1");
     assert_eq!(
         app.column::<i64>("SELECT COUNT(*) FROM tasks").await.pop(),
         Some(1),
-        "the failed run left no task either"
+        "the failed run left no task"
     );
 }
