@@ -468,8 +468,8 @@ async fn the_migration_dropping_the_event_index_applies_on_a_database_holding_de
     // Back to the schema before 0066 (the index is built over the rows),
     // then forward again, each in its own write transaction.
     let txn = app.db.begin_write().await.unwrap();
-    // 0066 and the migrations after it (0076, 0079, 0081).
-    migration::Migrator::down(&*txn, Some(4)).await.unwrap();
+    // 0066 and the migrations after it (0076, 0079, 0081, 0087).
+    migration::Migrator::down(&*txn, Some(5)).await.unwrap();
     txn.commit().await.unwrap();
     assert_eq!(app.scalar(&index_count(&app)).await, 1);
     let before = (
