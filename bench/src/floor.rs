@@ -71,7 +71,7 @@ impl Conn {
 }
 
 /// A fresh, migrated database; dropped (PostgreSQL) by [`Floor::finish`].
-struct Floor {
+pub(crate) struct Floor {
     url: String,
     backend: FloorBackend,
     name: Option<String>,
@@ -79,7 +79,7 @@ struct Floor {
 }
 
 impl Floor {
-    async fn create(backend: &FloorBackend, bin: &Path) -> Result<Floor> {
+    pub(crate) async fn create(backend: &FloorBackend, bin: &Path) -> Result<Floor> {
         let floor = match backend {
             FloorBackend::Sqlite(scratch) => {
                 let dir = tempfile::Builder::new()
@@ -121,6 +121,10 @@ impl Floor {
         Ok(floor)
     }
 
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
     async fn connect(&self) -> Result<Conn> {
         Ok(match &self.backend {
             FloorBackend::Sqlite(_) => {
@@ -152,7 +156,7 @@ impl Floor {
 
 /// A 32-hex-digit insert-ordered id, like the service's (decision 0079):
 /// the time in milliseconds first, then random digits.
-fn id() -> String {
+pub(crate) fn id() -> String {
     let ms = now_us() / 1000;
     let random = format!("{}{}", random_suffix(), random_suffix());
     format!("{ms:012x}{}", &random[..20])
@@ -223,7 +227,13 @@ macro_rules! write_parts {
                             QueryBuilder::new("UPDATE queues SET head_sequence = head_sequence + ");
                         q.push_bind(n).push(" WHERE id = ").push_bind(i.queue.clone());
                         q.build().execute(&mut *c).await?;
-                        let mut q: QueryBuilder<$db> = QueryBuilder::new("INSERT INTO deliveries ");
+                        let mut q: QueryBuilder<$db> = QueryBuilder::new(
+                            "INSERT INTO deliveries (id, subscription_id, event_id, sequence, \
+                             revision, state, available_at, lease_epoch, lease_until, \
+                             lease_digest, lease_session_id, attempts, attempt_budget, \
+                             acknowledged_at, created_at, ack_epoch, ack_session_id, \
+                             leased_at) ",
+                        );
                         q.push_values(&b.rows, |mut r, (event, delivery, seq)| {
                             r.push_bind(delivery.clone())
                                 .push_bind(i.sub.clone())
@@ -241,7 +251,8 @@ macro_rules! write_parts {
                                 .push_bind(None::<i64>)
                                 .push_bind(b.now)
                                 .push_bind(None::<i64>)
-                                .push_bind(None::<String>);
+                                .push_bind(None::<String>)
+                                .push_bind(None::<i64>);
                         });
                         q.build().execute(&mut *c).await?;
                         let mut q: QueryBuilder<$db> =
@@ -256,9 +267,11 @@ macro_rules! write_parts {
                     Part::Lease => {
                         let mut q: QueryBuilder<$db> = QueryBuilder::new(
                             "UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
-                             attempts = attempts + 1, revision = revision + 1, lease_until = ",
+                             attempts = attempts + 1, revision = revision + 1, leased_at = ",
                         );
-                        q.push_bind(b.now + 30_000_000)
+                        q.push_bind(b.now)
+                            .push(", lease_until = ")
+                            .push_bind(b.now + 30_000_000)
                             .push(", lease_session_id = ")
                             .push_bind(i.session.clone())
                             .push(", lease_digest = ")

@@ -5,6 +5,7 @@
 
 mod drive;
 mod floor;
+mod handoff;
 mod jetstream;
 mod orbit;
 mod redis_streams;
@@ -42,6 +43,10 @@ enum Command {
     /// delivery materialized, leased, ACKed on its row), B per
     /// transaction, with no service in between (see docs/performance.md).
     Floor(FloorArgs),
+    /// The node's SQLite statements per delivery through sqlx (one
+    /// hand-off per statement) and through rusqlite on a thread of its own
+    /// (one hand-off per transaction), alternated.
+    Handoff(HandoffArgs),
     /// The disk's durable-write latency: 4 KiB appends, each followed by
     /// `fdatasync`, in the scratch folder (what one commit waits for at
     /// least).
@@ -203,6 +208,28 @@ struct FloorArgs {
 }
 
 #[derive(clap::Args)]
+struct HandoffArgs {
+    #[command(flatten)]
+    common: Common,
+    /// sqlite (sqlx against rusqlite) or postgres (the claim as the node
+    /// runs it against one statement).
+    #[arg(long, default_value = "sqlite")]
+    backend: String,
+    /// Deliveries per measurement.
+    #[arg(short = 'n', long, default_value_t = 50_000)]
+    deliveries: u64,
+    /// Deliveries per publish and per ACK transaction.
+    #[arg(long, default_value_t = 64)]
+    batch: u64,
+    /// Rows per claim (at most the write queue, 8, in the node).
+    #[arg(long, default_value_t = 8)]
+    claim: u64,
+    /// Measurements per driver (alternated).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+}
+
+#[derive(clap::Args)]
 struct FsyncArgs {
     #[command(flatten)]
     common: Common,
@@ -221,6 +248,7 @@ fn main() -> Result<()> {
             Command::Run(args) => run(args).await,
             Command::Idle(args) => idle(args).await,
             Command::Floor(args) => floor_table(args).await,
+            Command::Handoff(args) => handoff_table(args).await,
             Command::Fsync(args) => fsync_latency(args),
         }
     })
@@ -666,6 +694,88 @@ async fn floor_table(args: FloorArgs) -> Result<()> {
         println!(
             "| {} | {} | {shown} |",
             shape.batch, shape.commits_per_batch
+        );
+    }
+    Ok(())
+}
+
+async fn handoff_table(args: HandoffArgs) -> Result<()> {
+    let bin = node_options(
+        &args.common,
+        Backend::Sqlite,
+        0,
+        &orbit::TemplateSlot::default(),
+    )?
+    .bin;
+    let shape = handoff::HandoffShape {
+        deliveries: args.deliveries,
+        batch: args.batch,
+        claim: args.claim,
+    };
+    let (backend, drivers) = match args.backend.as_str() {
+        "sqlite" => (
+            floor::FloorBackend::Sqlite(scratch(&args.common)),
+            [handoff::Driver::Sqlx, handoff::Driver::Rusqlite],
+        ),
+        "postgres" => (
+            floor::FloorBackend::Postgres(postgres(&args.common)?),
+            [
+                handoff::Driver::PgStatements,
+                handoff::Driver::PgClaimStatement,
+            ],
+        ),
+        other => bail!("--backend is sqlite or postgres, not {other}"),
+    };
+    let load_before = load_average();
+    // One unmeasured run first: a fresh PostgreSQL cluster allocates its
+    // WAL segments during its first run, which then goes 4× slower.
+    handoff::run_once(&bin, &backend, drivers[0], shape).await?;
+    let mut rates = vec![Vec::new(); drivers.len()];
+    let mut cpus = vec![Vec::new(); drivers.len()];
+    for round in 0..args.repeat {
+        // ABBA: neither driver always runs first.
+        let order: Vec<usize> = if round % 2 == 0 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
+        for k in order {
+            let (rate, cpu) = handoff::run_once(&bin, &backend, drivers[k], shape).await?;
+            eprintln!(
+                "handoff {}: {rate:.0} deliveries/s, {cpu:.1} ms CPU per 1000",
+                drivers[k].name()
+            );
+            rates[k].push(rate);
+            cpus[k].push(cpu);
+        }
+    }
+    println!(
+        "orbit-bench handoff: {}, N={} deliveries, {} per publish and ACK transaction, {} per claim, {} runs per driver; {} cores; load average {} before, {} after",
+        args.backend,
+        args.deliveries,
+        args.batch,
+        args.claim,
+        args.repeat,
+        cores(),
+        load_before,
+        load_average()
+    );
+    println!("| driver | deliveries/s | CPU ms per 1,000 |");
+    println!("|---|---|---|");
+    let mut medians = Vec::new();
+    for ((driver, rates), cpus) in drivers.iter().zip(rates).zip(cpus) {
+        let spread = stats::Spread::of(rates);
+        medians.push(spread.as_ref().map(|s| s.median));
+        let shown = spread.map_or_else(|| "-".to_owned(), |s| s.show(0));
+        let cpu = stats::Spread::of(cpus).map_or_else(|| "-".to_owned(), |s| s.show(1));
+        println!("| {} | {shown} | {cpu} |", driver.name());
+    }
+    if let [Some(before), Some(after)] = medians[..] {
+        println!(
+            "- {} ÷ {}: {:.2}×",
+            drivers[1].name(),
+            drivers[0].name(),
+            after / before
         );
     }
     Ok(())

@@ -704,7 +704,7 @@ async fn run_on(node: &Node, w: &Workload, label: &str) -> Result<RunResult> {
 
 /// User + system CPU time of process `pid` so far, in milliseconds
 /// (`/proc/PID/stat`, clock ticks of 10 ms as on every Linux this runs on).
-fn cpu_ms(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_ms(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start at 3.
     let rest = stat.rsplit_once(')')?.1;
