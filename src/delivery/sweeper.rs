@@ -180,7 +180,7 @@ async fn sweep_in(
         report.leases_to_pending += r.to_pending;
         report.leases_expired += r.expired;
         r.log_exhausted();
-        if r.to_pending < retention::BATCH && r.expired < retention::BATCH {
+        if r.total() < retention::BATCH {
             break;
         }
     }

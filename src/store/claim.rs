@@ -4,20 +4,18 @@
 use crate::store::StoreError;
 use std::{collections::HashMap, time::Duration};
 
-use entity::{delivery, subscription};
+use entity::{delivery, queue, subscription};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
-    QuerySelect, QueryTrait,
-    sea_query::{CaseStatement, Expr, LockBehavior, LockType},
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, ExprTrait, FromQueryResult, IdenStatic,
+    Iterable, JoinType, QueryFilter, QuerySelect, QueryTrait, sea_query::Expr,
 };
 
 use crate::{
-    domain::Principal,
     domain::{
         CredentialId, DeliveryState, EventId, LeaseSecret, QueueId, SessionId, SubscriptionId,
         Timestamp, now,
     },
-    journal::{self, RenderedEvent},
+    journal::{self, LogPosition, RenderedEvent},
     store::{
         Database, Waiter, history,
         materialize::{MATERIALIZE_BATCH, Materialized, materialize_in},
@@ -142,77 +140,88 @@ async fn claim_batch_after(
         if let Some(pause) = pause.take() {
             pause.await;
         }
-        let mut outcomes = Vec::with_capacity(claims.len());
-        for group in claims.chunk_by(|a, b| a.0.subscription_id == b.0.subscription_id) {
-            outcomes.extend(claim_in(txn, db.backend(), group, lease).await?);
-        }
-        Ok(outcomes)
+        claim_batch_in(txn, db.backend(), claims, lease).await
     })
     .await
 }
 
-/// The claims `claims`, all of one subscription, inside `txn`.
-async fn claim_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
+/// One subscription as a claim checks it, read with its queue's head and
+/// retention floor in one statement.
+struct ClaimedSubscription {
+    queue_id: QueueId,
+    enabled: bool,
+    cursor_sequence: i64,
+    /// `None` when the queue row is missing.
+    position: Option<LogPosition>,
+}
+
+/// The claims of one batch inside `txn`, in as few statements as the
+/// batch allows (decision 0089): the credentials, the subscriptions with
+/// their queues' positions, the recovery of their lapsed leases and the
+/// sessions' live leases are each read or written once per batch; the
+/// candidates and the lease once per subscription; the events once.
+async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
     txn: &C,
     backend: DbBackend,
     claims: &[(ClaimTarget, u32)],
     lease: Duration,
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
-    let Some((first, _)) = claims.first() else {
+    if claims.is_empty() {
         return Ok(Vec::new());
-    };
-    let subscription_id = &first.subscription_id;
-    let mut principals: HashMap<&str, Option<Principal>> = HashMap::new();
-    for (target, _) in claims {
-        let id = target.credential_id.as_str();
-        if !principals.contains_key(id) {
-            let principal = tenancy::principal_by_id(txn, &target.credential_id).await?;
-            principals.insert(id, principal);
-        }
     }
-    let sub = subscription::Entity::find_by_id(subscription_id.as_str())
-        .one(txn)
-        .await?;
-    let pos = match &sub {
-        Some(sub) if sub.enabled => {
-            journal::position(txn, &QueueId::from_db(sub.queue_id.clone())).await?
-        }
-        _ => None,
-    };
-    let gap = match (&sub, &pos) {
-        (Some(sub), Some(pos)) if sub.cursor_sequence < pos.floor => Some(pos.earliest()),
-        _ => None,
-    };
+    let principals =
+        tenancy::principals_by_id(txn, claims.iter().map(|(t, _)| &t.credential_id)).await?;
+    let subscriptions =
+        subscriptions_with_positions(txn, claims.iter().map(|(t, _)| &t.subscription_id)).await?;
+
     // Each claim is checked as if alone: its credential, then the
     // subscription (enabled, no history gap).
     let mut outcomes: Vec<Option<ClaimOutcome>> = claims
         .iter()
         .map(|(target, _)| {
-            let Some(Some(principal)) = principals.get(target.credential_id.as_str()) else {
+            let Some(principal) = principals.get(target.credential_id.as_str()) else {
                 return Some(ClaimOutcome::Revoked);
             };
-            let Some(sub) = &sub else {
+            let Some(sub) = subscriptions.get(target.subscription_id.as_str()) else {
                 return Some(ClaimOutcome::Gone);
             };
-            if !principal.in_scope(&QueueId::from_db(sub.queue_id.clone())) {
+            if !principal.in_scope(&sub.queue_id) {
                 return Some(ClaimOutcome::Gone);
             }
             if !sub.enabled {
                 return Some(ClaimOutcome::Paused);
             }
-            gap.map(ClaimOutcome::HistoryExpired)
+            match sub.position {
+                Some(pos) if sub.cursor_sequence < pos.floor => {
+                    Some(ClaimOutcome::HistoryExpired(pos.earliest()))
+                }
+                _ => None,
+            }
         })
         .collect();
     let open: Vec<usize> = (0..claims.len())
         .filter(|&i| outcomes[i].is_none())
         .collect();
-    let Some(sub) = sub.filter(|_| !open.is_empty()) else {
+    if open.is_empty() {
         return Ok(outcomes.into_iter().flatten().collect());
-    };
-    let queue_id = QueueId::from_db(sub.queue_id);
+    }
 
     let now = now();
-    let mut recovered = recover_expired_leases(txn, Some(subscription_id), now, u64::MAX).await?;
+    let mut open_subscriptions: Vec<&SubscriptionId> = Vec::new();
+    for &i in &open {
+        let id = &claims[i].0.subscription_id;
+        if !open_subscriptions.contains(&id) {
+            open_subscriptions.push(id);
+        }
+    }
+    let lapsed = recover_rows(txn, Some(&open_subscriptions), now, u64::MAX).await?;
+    let mut recovered: HashMap<&str, Recovered> = open_subscriptions
+        .iter()
+        .map(|id| {
+            let rows = lapsed.iter().filter(|d| d.subscription_id == id.as_str());
+            (id.as_str(), Recovered::of(rows))
+        })
+        .collect();
     let held = live_leases(txn, open.iter().map(|&i| &claims[i].0.session_id), now).await?;
     // `min(want, capacity - held)` per claim; a session twice in one batch
     // also counts what its earlier claim takes.
@@ -236,64 +245,108 @@ async fn claim_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
             take
         })
         .collect();
-    let total: u64 = takes.iter().sum();
 
-    let mut ids = candidates(txn, backend, subscription_id, now, total).await?;
-    // Short of PENDING rows while entries wait below the head: materialize
-    // in this transaction and lease what it inserted with the rest, one
-    // commit instead of two (delivery-model.md §5). The subscription row
-    // is locked after the candidates, which are SKIP LOCKED: this claim
-    // waits on no row lock while it holds the subscription's.
-    let head = pos.map_or(0, |p| p.head);
-    let mut materialized = None;
-    let mut behind_head = sub.cursor_sequence < head;
-    if (ids.len() as u64) < total && behind_head {
-        let m = materialize_in(txn, subscription_id, MATERIALIZE_BATCH).await?;
-        behind_head = !m.caught_up;
-        if m.inserted > 0 {
-            ids = candidates(txn, backend, subscription_id, crate::domain::now(), total).await?;
+    // Per run of open claims of one subscription: one statement picking
+    // and leasing their rows (after a materialization when short).
+    let mut shares: Vec<Vec<(delivery::Model, LeaseSecret)>> =
+        std::iter::repeat_with(Vec::new).take(open.len()).collect();
+    let mut materialized: HashMap<usize, Materialized> = HashMap::new();
+    let mut behind: HashMap<usize, bool> = HashMap::new();
+    let lease_until = now.plus(lease);
+    let positions: Vec<usize> = (0..open.len()).collect();
+    for run in positions
+        .chunk_by(|&a, &b| claims[open[a]].0.subscription_id == claims[open[b]].0.subscription_id)
+    {
+        let subscription_id = &claims[open[run[0]]].0.subscription_id;
+        let Some(sub) = subscriptions.get(subscription_id.as_str()) else {
+            return Err(StoreError::invariant(
+                "an open claim without its subscription",
+            ));
+        };
+        // One slot per row to lease, in `(sequence, id)` order: the first
+        // claim takes the first rows.
+        let mut slots: Vec<(usize, &SessionId)> = run
+            .iter()
+            .flat_map(|&k| {
+                let take = usize::try_from(takes[k]).unwrap_or(usize::MAX);
+                std::iter::repeat_n((k, &claims[open[k]].0.session_id), take)
+            })
+            .collect();
+        let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
+        let leased = pick_and_lease(
+            txn,
+            backend,
+            subscription_id,
+            &sessions,
+            now,
+            now,
+            lease_until,
+        )
+        .await?;
+        let mut filled = vec![false; slots.len()];
+        for (n, row, secret) in leased {
+            filled[n] = true;
+            shares[slots[n].0].push((row, secret));
         }
-        materialized = Some(m);
+        let mut index = 0;
+        slots.retain(|_| {
+            index += 1;
+            !filled[index - 1]
+        });
+        // Short of PENDING rows while entries wait below the head:
+        // materialize in this transaction and lease what it inserted, one
+        // commit instead of two (delivery-model.md §5). The subscription
+        // row is locked after the rows picked, which are SKIP LOCKED: this
+        // claim waits on no row lock while it holds the subscription's.
+        let head = sub.position.map_or(0, |p| p.head);
+        let mut behind_head = sub.cursor_sequence < head;
+        if !slots.is_empty() && behind_head {
+            let m = materialize_in(txn, subscription_id, MATERIALIZE_BATCH).await?;
+            behind_head = !m.caught_up;
+            if m.inserted > 0 {
+                // After this materialization (its rows' `created_at`): a
+                // history never shows a lease before its row.
+                let later = crate::domain::now();
+                let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
+                let leased = pick_and_lease(
+                    txn,
+                    backend,
+                    subscription_id,
+                    &sessions,
+                    later,
+                    later,
+                    lease_until,
+                )
+                .await?;
+                for (n, row, secret) in leased {
+                    shares[slots[n].0].push((row, secret));
+                }
+            }
+            materialized.insert(run[0], m);
+        }
+        behind.insert(run[0], behind_head);
     }
-
-    // The candidates in order: the first claim takes the first rows.
-    let mut rest = ids.into_iter();
-    let shares: Vec<Vec<String>> = takes
+    let event_ids: Vec<EventId> = shares
         .iter()
-        .map(|&take| {
-            rest.by_ref()
-                .take(usize::try_from(take).unwrap_or(usize::MAX))
-                .collect()
-        })
-        .collect();
-    let assignment: Vec<(&str, &SessionId)> = open
-        .iter()
-        .zip(&shares)
-        .flat_map(|(&i, share)| {
-            share
-                .iter()
-                .map(move |id| (id.as_str(), &claims[i].0.session_id))
-        })
-        .collect();
-    // `leased_at` after this claim's own materialization (its rows'
-    // `created_at`), so a history never shows a lease before its row.
-    let leased_at = if materialized.is_some() {
-        crate::domain::now()
-    } else {
-        now
-    };
-    let mut leased = lease_rows(txn, &assignment, leased_at, now.plus(lease)).await?;
-    let event_ids: Vec<EventId> = leased
-        .values()
+        .flatten()
         .map(|(d, _)| EventId::from_db(d.event_id.clone()))
         .collect();
     let mut events = journal::render(txn, &event_ids).await?;
 
-    for (k, (&i, share)) in open.iter().zip(&shares).enumerate() {
+    let mut run_behind = false;
+    for (k, (&i, share)) in open.iter().zip(shares).enumerate() {
+        let subscription_id = claims[i].0.subscription_id.as_str();
+        let Some(sub) = subscriptions.get(subscription_id) else {
+            return Err(StoreError::invariant(
+                "an open claim without its subscription",
+            ));
+        };
+        if let Some(&b) = behind.get(&k) {
+            run_behind = b;
+        }
+        let exhausted = (share.len() as u64) < takes[k];
         let mut deliveries = Vec::with_capacity(share.len());
-        // A row no longer PENDING was not leased (it cannot happen while
-        // this transaction holds the write lock or the row locks).
-        for (delivery, secret) in share.iter().filter_map(|id| leased.remove(id.as_str())) {
+        for (delivery, secret) in share {
             let event = events
                 .remove(&EventId::from_db(delivery.event_id.clone()))
                 .ok_or_else(|| {
@@ -308,52 +361,81 @@ async fn claim_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
                 secret,
             });
         }
+        deliveries.sort_by(|a, b| {
+            (a.delivery.sequence, &a.delivery.id).cmp(&(b.delivery.sequence, &b.delivery.id))
+        });
         outcomes[i] = Some(ClaimOutcome::Leased {
             deliveries,
-            exhausted: (share.len() as u64) < takes[k],
-            // Counted once, with the first claim.
-            recovered: if k == 0 {
-                std::mem::take(&mut recovered)
-            } else {
-                Recovered::default()
-            },
-            materialized: if k == 0 { materialized } else { None },
-            behind_head,
-            queue_id: queue_id.clone(),
+            exhausted,
+            // Counted once, with the subscription's first claim.
+            recovered: recovered.remove(subscription_id).unwrap_or_default(),
+            materialized: materialized.remove(&k),
+            behind_head: run_behind,
+            queue_id: sub.queue_id.clone(),
         });
     }
     Ok(outcomes.into_iter().flatten().collect())
 }
 
-/// Up to `limit` claimable rows of the subscription: PENDING, available
-/// at `now`, attempts left, in `(sequence, id)` order (PostgreSQL: `FOR
-/// UPDATE SKIP LOCKED`).
-async fn candidates<C: ConnectionTrait>(
+/// `subscriptions` by id, each with its queue's head and floor, in one
+/// statement (a join); an unknown id is absent.
+async fn subscriptions_with_positions<'a, C: ConnectionTrait>(
     txn: &C,
-    backend: DbBackend,
-    subscription_id: &SubscriptionId,
-    now: Timestamp,
-    limit: u64,
-) -> Result<Vec<String>, StoreError> {
-    if limit == 0 {
-        return Ok(Vec::new());
+    ids: impl Iterator<Item = &'a SubscriptionId>,
+) -> Result<HashMap<String, ClaimedSubscription>, StoreError> {
+    let mut ids: Vec<&str> = ids.map(SubscriptionId::as_str).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    #[derive(FromQueryResult)]
+    struct Row {
+        id: String,
+        queue_id: String,
+        enabled: bool,
+        cursor_sequence: i64,
+        head: Option<i64>,
+        floor: Option<i64>,
     }
-    let mut query = delivery::Entity::find()
+    let rows: Vec<Row> = subscription::Entity::find()
         .select_only()
-        .column(delivery::Column::Id)
-        .filter(delivery::Column::SubscriptionId.eq(subscription_id.as_str()))
-        .filter(state_is(DeliveryState::Pending))
-        .filter(delivery::Column::AvailableAt.lte(now.micros()))
-        .filter(
-            Expr::col(delivery::Column::Attempts).lt(Expr::col(delivery::Column::AttemptBudget)),
+        .column(subscription::Column::Id)
+        .column(subscription::Column::QueueId)
+        .column(subscription::Column::Enabled)
+        .column(subscription::Column::CursorSequence)
+        .column_as(
+            Expr::col((queue::Entity, queue::Column::HeadSequence)),
+            "head",
         )
-        .order_by_asc(delivery::Column::Sequence)
-        .order_by_asc(delivery::Column::Id)
-        .limit(limit);
-    if backend == DbBackend::Postgres {
-        query = query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-    }
-    Ok(query.into_tuple().all(txn).await?)
+        .column_as(
+            Expr::col((queue::Entity, queue::Column::RetentionFloor)),
+            "floor",
+        )
+        .join(
+            JoinType::LeftJoin,
+            subscription::Entity::belongs_to(queue::Entity)
+                .from(subscription::Column::QueueId)
+                .to(queue::Column::Id)
+                .into(),
+        )
+        .filter(subscription::Column::Id.is_in(ids))
+        .into_model()
+        .all(txn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let position = row
+                .head
+                .zip(row.floor)
+                .map(|(head, floor)| LogPosition { head, floor });
+            let sub = ClaimedSubscription {
+                queue_id: QueueId::from_db(row.queue_id),
+                enabled: row.enabled,
+                cursor_sequence: row.cursor_sequence,
+                position,
+            };
+            (row.id, sub)
+        })
+        .collect())
 }
 
 /// LEASED rows with `lease_until > now` of each of `sessions`.
@@ -380,80 +462,94 @@ async fn live_leases<'a, C: ConnectionTrait>(
         .collect())
 }
 
-/// Leases each PENDING row of `assignment` to its session in one
-/// statement: `lease_epoch += 1, attempts += 1, revision += 1`,
-/// `lease_until`, the session and the digest of the row's own fresh secret
-/// (`CASE` on the id). Returns the rows after leasing with their secrets,
-/// by id; a row no longer PENDING is not leased.
-async fn lease_rows<C: ConnectionTrait>(
+/// Picks up to `slots.len()` claimable rows of the subscription (PENDING,
+/// available at `available_at`, attempts left) in `(sequence, id)` order
+/// and leases the n-th of them to the session `slots[n]`, in one
+/// statement (decision 0089): `lease_epoch += 1, attempts += 1, revision
+/// += 1`, `leased_at`, `lease_until`, the session and the digest of the
+/// row's own fresh secret. PostgreSQL picks `FOR UPDATE SKIP LOCKED`.
+/// Returns the leased rows, each with its slot's index and its secret.
+async fn pick_and_lease<C: ConnectionTrait>(
     txn: &C,
-    assignment: &[(&str, &SessionId)],
+    backend: DbBackend,
+    subscription_id: &SubscriptionId,
+    slots: &[&SessionId],
+    available_at: Timestamp,
     leased_at: Timestamp,
     lease_until: Timestamp,
-) -> Result<HashMap<String, (delivery::Model, LeaseSecret)>, StoreError> {
-    let mut secrets: HashMap<&str, LeaseSecret> = HashMap::with_capacity(assignment.len());
-    let mut cases: Option<(CaseStatement, CaseStatement)> = None;
-    for &(id, session) in assignment {
-        let secret = LeaseSecret::generate();
-        let when = || delivery::Column::Id.eq(id);
-        cases = Some(match cases {
-            None => (
-                Expr::case(when(), secret.digest_hex()),
-                Expr::case(when(), session.as_str()),
-            ),
-            Some((digest, session_case)) => (
-                digest.case(when(), secret.digest_hex()),
-                session_case.case(when(), session.as_str()),
-            ),
-        });
-        secrets.insert(id, secret);
+) -> Result<Vec<(usize, delivery::Model, LeaseSecret)>, StoreError> {
+    if slots.is_empty() {
+        return Ok(Vec::new());
     }
-    let Some((digest, session)) = cases else {
-        return Ok(HashMap::new());
+    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(4 + 2 * slots.len());
+    let mut bind = |value: sea_orm::Value| {
+        values.push(value);
+        match backend {
+            DbBackend::Postgres => format!("${}", values.len()),
+            _ => "?".to_owned(),
+        }
     };
-    let rows = delivery::Entity::update_many()
-        .col_expr(delivery::Column::State, Expr::value(DeliveryState::Leased))
-        .col_expr(
-            delivery::Column::LeaseEpoch,
-            Expr::col(delivery::Column::LeaseEpoch).add(1),
-        )
-        .col_expr(
-            delivery::Column::Attempts,
-            Expr::col(delivery::Column::Attempts).add(1),
-        )
-        .col_expr(
-            delivery::Column::Revision,
-            Expr::col(delivery::Column::Revision).add(1),
-        )
-        .col_expr(delivery::Column::LeasedAt, Expr::value(leased_at.micros()))
-        .col_expr(
-            delivery::Column::LeaseUntil,
-            Expr::value(lease_until.micros()),
-        )
-        .col_expr(
-            delivery::Column::LeaseSessionId,
-            session
-                .finally(Expr::col(delivery::Column::LeaseSessionId))
-                .into(),
-        )
-        .col_expr(
-            delivery::Column::LeaseDigest,
-            digest
-                .finally(Expr::col(delivery::Column::LeaseDigest))
-                .into(),
-        )
-        .filter(delivery::Column::Id.is_in(assignment.iter().map(|(id, _)| *id)))
-        .filter(state_is(DeliveryState::Pending))
-        .exec_with_returning(txn)
+    let set_leased_at = bind(leased_at.micros().into());
+    let set_lease_until = bind(lease_until.micros().into());
+    let sub = bind(subscription_id.as_str().into());
+    let available = bind(available_at.micros().into());
+    // The n-th picked row's session and digest, by rank (1-based).
+    let mut by_digest: HashMap<String, (usize, LeaseSecret)> = HashMap::new();
+    let mut assignment = String::new();
+    for (n, session) in slots.iter().enumerate() {
+        let secret = LeaseSecret::generate();
+        let digest = secret.digest_hex();
+        if n > 0 {
+            assignment.push_str(", ");
+        }
+        let session = bind(session.as_str().into());
+        let digest_param = bind(digest.clone().into());
+        assignment.push_str(&format!("({}, {session}, {digest_param})", n + 1));
+        by_digest.insert(digest, (n, secret));
+    }
+    let skip_locked = if backend == DbBackend::Postgres {
+        " FOR UPDATE SKIP LOCKED"
+    } else {
+        ""
+    };
+    let returning = delivery::Column::iter()
+        .map(|c| c.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
+         attempts = attempts + 1, revision = revision + 1, leased_at = {set_leased_at}, \
+         lease_until = {set_lease_until}, lease_session_id = a.column2, \
+         lease_digest = a.column3 \
+         FROM (SELECT picked_id, row_number() OVER \
+         (ORDER BY picked_sequence, picked_id) AS picked_rank \
+         FROM (SELECT id AS picked_id, sequence AS picked_sequence FROM deliveries \
+         WHERE subscription_id = {sub} AND state = 'PENDING' AND available_at <= {available} \
+         AND attempts < attempt_budget ORDER BY sequence, id LIMIT {limit}{skip_locked}) \
+         AS candidates) AS picked \
+         JOIN (VALUES {assignment}) AS a ON a.column1 = picked.picked_rank \
+         WHERE deliveries.id = picked.picked_id AND deliveries.state = 'PENDING' \
+         RETURNING {returning}",
+        limit = slots.len(),
+    );
+    let rows = txn
+        .query_all_raw(sea_orm::Statement::from_sql_and_values(
+            backend, sql, values,
+        ))
         .await?;
-    rows.into_iter()
-        .map(|row| {
-            let secret = secrets.remove(row.id.as_str()).ok_or_else(|| {
+    let mut leased = Vec::with_capacity(rows.len());
+    for row in rows {
+        let row = delivery::Model::from_query_result(&row, "")?;
+        let (slot, secret) = row
+            .lease_digest
+            .as_deref()
+            .and_then(|d| by_digest.remove(d))
+            .ok_or_else(|| {
                 StoreError::invariant(format!("delivery {} was leased but not asked for", row.id))
             })?;
-            Ok((row.id.clone(), (row, secret)))
-        })
-        .collect()
+        leased.push((slot, row, secret));
+    }
+    Ok(leased)
 }
 
 /// Lapsed leases recovered by [`recover_expired_leases`].
@@ -478,6 +574,25 @@ pub struct Exhausted {
 }
 
 impl Recovered {
+    /// What a recovery did, from its rows after recovery.
+    fn of<'a>(rows: impl Iterator<Item = &'a delivery::Model>) -> Self {
+        let mut recovered = Recovered::default();
+        for d in rows {
+            if d.state == DeliveryState::Expired {
+                recovered.expired += 1;
+                recovered.exhausted.push(Exhausted {
+                    delivery_id: d.id.clone(),
+                    subscription_id: d.subscription_id.clone(),
+                    event_id: d.event_id.clone(),
+                    attempts: d.attempts,
+                });
+            } else {
+                recovered.to_pending += 1;
+            }
+        }
+        recovered
+    }
+
     pub fn total(&self) -> u64 {
         self.to_pending + self.expired
     }
@@ -498,79 +613,71 @@ impl Recovered {
     }
 }
 
-/// Recovers expired leases: LEASED rows with `lease_until <= now` become
-/// PENDING (`available_at = lease_until`) while `attempts < attempt_budget`,
-/// else EXPIRED; each recovery is `revision += 1`. Limited to one
-/// subscription when given, and to at most `limit` rows per state change.
+/// Recovers expired leases in one statement: LEASED rows with `lease_until
+/// <= now` become PENDING (`available_at = lease_until`) while `attempts <
+/// attempt_budget`, else EXPIRED; each recovery is `revision += 1`.
+/// Limited to `subscription_ids` when given, and to at most `limit` rows.
 pub async fn recover_expired_leases<C: ConnectionTrait>(
     conn: &C,
-    subscription_id: Option<&SubscriptionId>,
+    subscription_ids: Option<&[&SubscriptionId]>,
     now: Timestamp,
     limit: u64,
 ) -> Result<Recovered, StoreError> {
-    let mut recovered = Recovered::default();
-    for to_pending in [true, false] {
-        // The same conditions guard the UPDATE itself: on PostgreSQL they are
-        // re-checked after a concurrent writer's lock is released, so a lease
-        // renewed meanwhile is never recovered.
-        let is_due = || {
-            let budget_left = Expr::col(delivery::Column::Attempts)
-                .lt(Expr::col(delivery::Column::AttemptBudget));
-            sea_orm::Condition::all()
-                .add(state_is(DeliveryState::Leased))
-                .add(delivery::Column::LeaseUntil.lte(now.micros()))
-                .add(if to_pending {
-                    budget_left
-                } else {
-                    budget_left.not()
-                })
-        };
-        let mut due = delivery::Entity::find()
-            .select_only()
-            .column(delivery::Column::Id)
-            .filter(is_due());
-        if let Some(sub) = subscription_id {
-            due = due.filter(delivery::Column::SubscriptionId.eq(sub.as_str()));
+    let rows = recover_rows(conn, subscription_ids, now, limit).await?;
+    Ok(Recovered::of(rows.iter()))
+}
+
+/// [`recover_expired_leases`]: the rows after recovery, their lapses
+/// recorded in the history.
+async fn recover_rows<C: ConnectionTrait>(
+    conn: &C,
+    subscription_ids: Option<&[&SubscriptionId]>,
+    now: Timestamp,
+    limit: u64,
+) -> Result<Vec<delivery::Model>, StoreError> {
+    // The same conditions guard the UPDATE itself: on PostgreSQL they are
+    // re-checked after a concurrent writer's lock is released, so a lease
+    // renewed meanwhile is never recovered.
+    let is_due = || {
+        let mut due = sea_orm::Condition::all()
+            .add(state_is(DeliveryState::Leased))
+            .add(delivery::Column::LeaseUntil.lte(now.micros()));
+        if let Some(ids) = subscription_ids {
+            due = due.add(delivery::Column::SubscriptionId.is_in(ids.iter().map(|id| id.as_str())));
         }
-        if limit != u64::MAX {
-            due = due.limit(limit);
-        }
-        // The lease's session and times stay on the row: they are its
-        // history until the next lease (decision 0081).
-        let mut update = delivery::Entity::update_many().col_expr(
+        due
+    };
+    let budget_left =
+        || Expr::col(delivery::Column::Attempts).lt(Expr::col(delivery::Column::AttemptBudget));
+    // The lease's session and times stay on the row: they are its history
+    // until the next lease (decision 0081).
+    let mut update = delivery::Entity::update_many()
+        .col_expr(
             delivery::Column::Revision,
             Expr::col(delivery::Column::Revision).add(1),
-        );
-        update = if to_pending {
-            update
-                .col_expr(delivery::Column::State, Expr::value(DeliveryState::Pending))
-                .col_expr(
-                    delivery::Column::AvailableAt,
-                    Expr::col(delivery::Column::LeaseUntil),
-                )
-        } else {
-            update.col_expr(delivery::Column::State, Expr::value(DeliveryState::Expired))
-        };
-        let rows = update
-            .filter(delivery::Column::Id.in_subquery(due.into_query()))
+        )
+        .col_expr(
+            delivery::Column::State,
+            Expr::case(budget_left(), Expr::value(DeliveryState::Pending))
+                .finally(Expr::value(DeliveryState::Expired))
+                .into(),
+        )
+        .col_expr(
+            delivery::Column::AvailableAt,
+            Expr::case(budget_left(), Expr::col(delivery::Column::LeaseUntil))
+                .finally(Expr::col(delivery::Column::AvailableAt))
+                .into(),
+        )
+        .filter(is_due());
+    if limit != u64::MAX {
+        let due = delivery::Entity::find()
+            .select_only()
+            .column(delivery::Column::Id)
             .filter(is_due())
-            .exec_with_returning(conn)
-            .await?;
-        history::record_lapses(conn, &rows, now).await?;
-        if to_pending {
-            recovered.to_pending = rows.len() as u64;
-        } else {
-            recovered.expired = rows.len() as u64;
-            recovered.exhausted = rows
-                .iter()
-                .map(|d| Exhausted {
-                    delivery_id: d.id.clone(),
-                    subscription_id: d.subscription_id.clone(),
-                    event_id: d.event_id.clone(),
-                    attempts: d.attempts,
-                })
-                .collect();
-        }
+            .limit(limit);
+        update = update.filter(delivery::Column::Id.in_subquery(due.into_query()));
     }
-    Ok(recovered)
+    let rows = update.exec_with_returning(conn).await?;
+    history::record_lapses(conn, &rows, now).await?;
+    Ok(rows)
 }

@@ -24,8 +24,8 @@ use crate::{
 /// Rows one retention or recovery transaction touches at most.
 pub const BATCH: u64 = 500;
 
-/// One transaction recovering at most `limit` lapsed leases per target
-/// state, across all subscriptions (see [`claim::recover_expired_leases`]).
+/// One transaction recovering at most `limit` lapsed leases across all
+/// subscriptions (see [`claim::recover_expired_leases`]).
 pub async fn recover_leases(
     db: &Database,
     now: Timestamp,

@@ -179,6 +179,25 @@ pub async fn principal_by_id<C: ConnectionTrait>(
         .and_then(principal_of))
 }
 
+/// [`principal_by_id`] of each of `ids` in one statement, by credential
+/// id; an unknown or revoked credential is absent.
+pub async fn principals_by_id<'a, C: ConnectionTrait>(
+    conn: &C,
+    ids: impl Iterator<Item = &'a CredentialId>,
+) -> Result<HashMap<String, Principal>, StoreError> {
+    let mut ids: Vec<&str> = ids.map(CredentialId::as_str).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(credential::Entity::find()
+        .filter(credential::Column::Id.is_in(ids))
+        .all(conn)
+        .await?
+        .into_iter()
+        .filter_map(principal_of)
+        .map(|p| (p.credential_id.as_str().to_owned(), p))
+        .collect())
+}
+
 /// Revokes a credential. Returns when it was revoked (the original time if it
 /// already was), or `None` when no such credential exists.
 pub async fn revoke_credential(

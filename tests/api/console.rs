@@ -4,6 +4,7 @@
 //! both backends. Screenshots of each page land in the target directory.
 
 use std::{
+    os::unix::process::CommandExt,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -19,7 +20,8 @@ use crate::{
 };
 
 /// A chromedriver process and a headless Chromium session on it; both end
-/// when this is dropped.
+/// when this is dropped (chromedriver runs in its own process group, killed
+/// whole: killing chromedriver alone left its Chromium running).
 struct Browser {
     client: Client,
     driver: Child,
@@ -27,6 +29,8 @@ struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        let group = format!("-{}", self.driver.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -50,6 +54,7 @@ impl Browser {
             .port();
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

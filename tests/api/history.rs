@@ -63,28 +63,21 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
     let for_update = if pg { " FOR UPDATE" } else { "" };
     let skip_locked = if pg { " FOR UPDATE SKIP LOCKED" } else { "" };
     let key_share = if pg { " FOR KEY SHARE" } else { "" };
-    let recover = |to_pending: bool, one_subscription: bool| {
-        let budget = if to_pending {
-            "attempts < attempt_budget"
+    // claim::recover_rows: one statement for both target states, scoped
+    // to the claimed subscriptions (claim) or limited to a batch (sweeper).
+    let recover = |one_subscription: bool| {
+        let set = "revision = revision + 1, state = CASE WHEN attempts < attempt_budget \
+                   THEN 'PENDING' ELSE 'EXPIRED' END, available_at = CASE WHEN attempts < \
+                   attempt_budget THEN lease_until ELSE available_at END";
+        let due = format!("state = 'LEASED' AND lease_until <= {NOW}");
+        if one_subscription {
+            format!("UPDATE deliveries SET {set} WHERE {due} AND subscription_id IN ('{sub}')")
         } else {
-            "NOT (attempts < attempt_budget)"
-        };
-        let set = if to_pending {
-            "state = 'PENDING', available_at = lease_until"
-        } else {
-            "state = 'EXPIRED'"
-        };
-        let due = format!("state = 'LEASED' AND lease_until <= {NOW} AND {budget}");
-        let (scope, limit) = if one_subscription {
-            (format!(" AND subscription_id = '{sub}'"), "")
-        } else {
-            (String::new(), " LIMIT 500")
-        };
-        format!(
-            "UPDATE deliveries SET revision = revision + 1, lease_until = NULL, \
-             lease_session_id = NULL, {set} WHERE id IN \
-             (SELECT id FROM deliveries WHERE {due}{scope}{limit}) AND {due}"
-        )
+            format!(
+                "UPDATE deliveries SET {set} WHERE {due} AND id IN \
+                 (SELECT id FROM deliveries WHERE {due} LIMIT 500)"
+            )
+        }
     };
     vec![
         // journal::append: the counter row, then one insert per batch.
@@ -141,16 +134,23 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
                  WHERE id = '{sub}'"
             ),
         ),
-        // claim: recovery of this subscription's lapsed leases, the
-        // session's live leases, candidates, one lease per row, render.
+        // claim: the batch's credentials, its subscriptions with their
+        // queues' positions, recovery of their lapsed leases, the
+        // sessions' live leases, candidates, one lease per row, render.
         hot(
-            "claim::recover_expired_leases (to PENDING)",
-            recover(true, true),
+            "tenancy::principals_by_id",
+            format!("SELECT * FROM credentials WHERE id IN ('{SESSION}', '{DELIVERY}')"),
         ),
         hot(
-            "claim::recover_expired_leases (to EXPIRED)",
-            recover(false, true),
+            "claim::subscriptions_with_positions",
+            format!(
+                "SELECT subscriptions.id, subscriptions.queue_id, subscriptions.enabled, \
+                 subscriptions.cursor_sequence, queues.head_sequence AS head, \
+                 queues.retention_floor AS floor FROM subscriptions LEFT JOIN queues \
+                 ON subscriptions.queue_id = queues.id WHERE subscriptions.id IN ('{sub}')"
+            ),
         ),
+        hot("claim::recover_rows (claimed subscriptions)", recover(true)),
         hot(
             "claim (held by the session)",
             format!(
@@ -162,23 +162,26 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
         // (not the history); on a test-sized table either may be cheapest.
         .index_among(&["ix_deliveries_leased_session", "ix_deliveries_leased_until"]),
         hot(
-            "claim (candidates)",
-            format!(
-                "SELECT id FROM deliveries WHERE subscription_id = '{sub}' AND state = 'PENDING' \
-                 AND available_at <= {NOW} AND attempts < attempt_budget \
-                 ORDER BY sequence ASC, id ASC LIMIT 32{skip_locked}"
-            ),
-        )
-        .index("ix_deliveries_pending_claim"),
-        hot(
-            "claim (lease one row)",
+            "claim::pick_and_lease",
             format!(
                 "UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
-                 attempts = attempts + 1, revision = revision + 1, lease_until = {NOW}, \
-                 lease_session_id = '{SESSION}', lease_digest = 'x' \
-                 WHERE id = '{DELIVERY}' AND state = 'PENDING' RETURNING id"
+                 attempts = attempts + 1, revision = revision + 1, leased_at = {NOW}, \
+                 lease_until = {NOW}, lease_session_id = a.column2, lease_digest = a.column3 \
+                 FROM (SELECT picked_id, row_number() OVER \
+                 (ORDER BY picked_sequence, picked_id) AS picked_rank \
+                 FROM (SELECT id AS picked_id, sequence AS picked_sequence FROM deliveries \
+                 WHERE subscription_id = '{sub}' AND state = 'PENDING' AND available_at <= {NOW} \
+                 AND attempts < attempt_budget ORDER BY sequence, id LIMIT 2{skip_locked}) \
+                 AS candidates) AS picked \
+                 JOIN (VALUES (1, '{SESSION}', 'x'), (2, '{SESSION}', 'y')) AS a \
+                 ON a.column1 = picked.picked_rank \
+                 WHERE deliveries.id = picked.picked_id AND deliveries.state = 'PENDING' \
+                 RETURNING id"
             ),
-        ),
+        )
+        // The window's sort is over the picked rows: one claim's batch.
+        .sort_ok()
+        .index("ix_deliveries_pending_claim"),
         hot(
             "journal::render",
             format!("SELECT * FROM result_events WHERE id IN ('{EVENT_A}', '{EVENT_B}')"),
@@ -204,14 +207,7 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
             ),
         ),
         // Sweeper: recovery across subscriptions, retention batches.
-        hot(
-            "retention::recover_leases (to PENDING)",
-            recover(true, false),
-        ),
-        hot(
-            "retention::recover_leases (to EXPIRED)",
-            recover(false, false),
-        ),
+        hot("retention::recover_leases", recover(false)),
         hot(
             "journal::purge (queue row)",
             format!("SELECT retention_floor FROM queues WHERE id = '{queue}'{for_update}"),
