@@ -386,7 +386,7 @@ pub async fn read_after<C: ConnectionTrait>(
 
 /// The event as delivered (`event` of `event.deliver`, and of the delivery
 /// detail endpoint). `details` and `snapshot` are the stored text, byte-exact.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct RenderedEvent {
     pub id: String,
     #[serde(serialize_with = "ser_i64_string")]

@@ -251,9 +251,13 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
     let mut shares: Vec<Vec<(delivery::Model, LeaseSecret)>> =
         std::iter::repeat_with(Vec::new).take(open.len()).collect();
     let mut materialized: HashMap<usize, Materialized> = HashMap::new();
-    let mut behind: HashMap<usize, bool> = HashMap::new();
+    let mut behind: HashMap<&str, bool> = HashMap::new();
     let lease_until = now.plus(lease);
-    let positions: Vec<usize> = (0..open.len()).collect();
+    // One run per subscription (a stable sort keeps the batch's order
+    // within it), so a session's claims, its subscription's cursor and its
+    // row lock (taken in id order) are each met in one run only.
+    let mut positions: Vec<usize> = (0..open.len()).collect();
+    positions.sort_by_key(|&k| claims[open[k]].0.subscription_id.as_str());
     for run in positions
         .chunk_by(|&a, &b| claims[open[a]].0.subscription_id == claims[open[b]].0.subscription_id)
     {
@@ -324,16 +328,30 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
             }
             materialized.insert(run[0], m);
         }
-        behind.insert(run[0], behind_head);
+        behind.insert(subscription_id.as_str(), behind_head);
     }
     let event_ids: Vec<EventId> = shares
         .iter()
         .flatten()
         .map(|(d, _)| EventId::from_db(d.event_id.clone()))
         .collect();
+    // Two subscriptions of one queue may lease the same event.
+    let mut uses: HashMap<String, usize> = HashMap::new();
+    for (d, _) in shares.iter().flatten() {
+        *uses.entry(d.event_id.clone()).or_default() += 1;
+    }
     let mut events = journal::render(txn, &event_ids).await?;
+    let mut event_of = |id: &str| {
+        let key = EventId::from_db(id.to_owned());
+        match uses.get_mut(id) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                events.get(&key).cloned()
+            }
+            _ => events.remove(&key),
+        }
+    };
 
-    let mut run_behind = false;
     for (k, (&i, share)) in open.iter().zip(shares).enumerate() {
         let subscription_id = claims[i].0.subscription_id.as_str();
         let Some(sub) = subscriptions.get(subscription_id) else {
@@ -341,20 +359,15 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
                 "an open claim without its subscription",
             ));
         };
-        if let Some(&b) = behind.get(&k) {
-            run_behind = b;
-        }
         let exhausted = (share.len() as u64) < takes[k];
         let mut deliveries = Vec::with_capacity(share.len());
         for (delivery, secret) in share {
-            let event = events
-                .remove(&EventId::from_db(delivery.event_id.clone()))
-                .ok_or_else(|| {
-                    StoreError::invariant(format!(
-                        "event {} of delivery {} is missing",
-                        delivery.event_id, delivery.id
-                    ))
-                })?;
+            let event = event_of(&delivery.event_id).ok_or_else(|| {
+                StoreError::invariant(format!(
+                    "event {} of delivery {} is missing",
+                    delivery.event_id, delivery.id
+                ))
+            })?;
             deliveries.push(LeasedDelivery {
                 delivery,
                 event,
@@ -370,7 +383,7 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
             // Counted once, with the subscription's first claim.
             recovered: recovered.remove(subscription_id).unwrap_or_default(),
             materialized: materialized.remove(&k),
-            behind_head: run_behind,
+            behind_head: behind.get(subscription_id).copied().unwrap_or(false),
             queue_id: sub.queue_id.clone(),
         });
     }
@@ -489,10 +502,11 @@ async fn pick_and_lease<C: ConnectionTrait>(
             _ => "?".to_owned(),
         }
     };
-    let set_leased_at = bind(leased_at.micros().into());
-    let set_lease_until = bind(lease_until.micros().into());
+    // Bound in the order they appear in the text (SQLite's `?`).
     let sub = bind(subscription_id.as_str().into());
     let available = bind(available_at.micros().into());
+    let set_leased_at = bind(leased_at.micros().into());
+    let set_lease_until = bind(lease_until.micros().into());
     // The n-th picked row's session and digest, by rank (1-based).
     let mut by_digest: HashMap<String, (usize, LeaseSecret)> = HashMap::new();
     let mut assignment = String::new();
@@ -517,17 +531,19 @@ async fn pick_and_lease<C: ConnectionTrait>(
         .collect::<Vec<_>>()
         .join(", ");
     let sql = format!(
-        "UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
-         attempts = attempts + 1, revision = revision + 1, leased_at = {set_leased_at}, \
-         lease_until = {set_lease_until}, lease_session_id = a.column2, \
-         lease_digest = a.column3 \
-         FROM (SELECT picked_id, row_number() OVER \
+        // The picked rows are materialized once: a plan that scanned them
+        // again (SKIP LOCKED) could rank other rows the second time.
+        "WITH picked AS MATERIALIZED (SELECT picked_id, row_number() OVER \
          (ORDER BY picked_sequence, picked_id) AS picked_rank \
          FROM (SELECT id AS picked_id, sequence AS picked_sequence FROM deliveries \
          WHERE subscription_id = {sub} AND state = 'PENDING' AND available_at <= {available} \
          AND attempts < attempt_budget ORDER BY sequence, id LIMIT {limit}{skip_locked}) \
-         AS candidates) AS picked \
-         JOIN (VALUES {assignment}) AS a ON a.column1 = picked.picked_rank \
+         AS candidates) \
+         UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
+         attempts = attempts + 1, revision = revision + 1, leased_at = {set_leased_at}, \
+         lease_until = {set_lease_until}, lease_session_id = a.column2, \
+         lease_digest = a.column3 \
+         FROM picked JOIN (VALUES {assignment}) AS a ON a.column1 = picked.picked_rank \
          WHERE deliveries.id = picked.picked_id AND deliveries.state = 'PENDING' \
          RETURNING {returning}",
         limit = slots.len(),

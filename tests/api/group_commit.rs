@@ -295,6 +295,91 @@ async fn claims_of_sessions_of_one_subscription_waiting_together_share_one_trans
     app.assert_invariants().await;
 }
 
+/// One claim batch may span subscriptions (decision 0089): each claim is
+/// decided as if alone, in batch order within its subscription, and two
+/// subscriptions of one queue each lease their own row of the same event.
+#[actix_web::test]
+async fn a_claim_batch_over_two_subscriptions_of_one_queue_leases_each_its_own_rows_in_order() {
+    use orbit_events::store::{
+        Waiter,
+        claim::{ClaimOutcome, ClaimTarget, claim_each},
+    };
+    use std::{sync::Arc, time::Duration};
+
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let a = subscription(&app, &cred).await;
+    let b = subscription(&app, &cred).await;
+    let events = app
+        .publish(
+            &cred,
+            (0..2)
+                .map(|_| result(&cred.queue_id, "task.succeeded"))
+                .collect(),
+        )
+        .await;
+    let alive = Arc::new(());
+    let target = |sub: &str| ClaimTarget {
+        session_id: SessionId::generate(),
+        subscription_id: SubscriptionId::parse(sub).unwrap(),
+        credential_id: CredentialId::parse(&cred.credential_id).unwrap(),
+        capacity: 8,
+        waiter: Waiter::while_alive(&alive),
+    };
+    // A, B, A: the second claim of A comes after B's in the batch.
+    let claims = [(target(&a), 2), (target(&b), 2), (target(&a), 2)];
+    let outcomes = claim_each(
+        &app.db,
+        &claims,
+        Duration::from_secs(30),
+        std::future::ready(()),
+    )
+    .await;
+    /// A delivery leased: its subscription, event and sequence.
+    type Lease = (String, String, i64);
+    let leased: Vec<(Vec<Lease>, bool)> = outcomes
+        .into_iter()
+        .map(|o| match o.unwrap() {
+            ClaimOutcome::Leased {
+                deliveries,
+                exhausted,
+                ..
+            } => (
+                deliveries
+                    .iter()
+                    .map(|d| {
+                        assert_eq!(d.event.id, d.delivery.event_id);
+                        (
+                            d.delivery.subscription_id.clone(),
+                            d.delivery.event_id.clone(),
+                            d.delivery.sequence,
+                        )
+                    })
+                    .collect(),
+                exhausted,
+            ),
+            other => panic!("expected leases, got {other:?}"),
+        })
+        .collect();
+    let both: Vec<String> = events.iter().map(|(id, _)| id.clone()).collect();
+    let of = |claim: usize| -> Vec<String> {
+        leased[claim].0.iter().map(|(_, e, _)| e.clone()).collect()
+    };
+    // The first claim of A takes A's two rows, in sequence order; B's
+    // claim takes B's rows of the same two events; A's second finds none.
+    assert_eq!(of(0), both);
+    assert!(leased[0].0.iter().all(|(s, _, _)| s == &a));
+    assert_eq!(of(1), both);
+    assert!(leased[1].0.iter().all(|(s, _, _)| s == &b));
+    assert!(of(2).is_empty() && leased[2].1, "{leased:?}");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM deliveries WHERE state = 'LEASED'")
+            .await,
+        4
+    );
+    app.assert_invariants().await;
+}
+
 mod publishes {
     //! Group commit of publishes (decision 0063): publish requests in one
     //! transaction answer each request exactly as if it had come alone

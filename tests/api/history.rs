@@ -164,16 +164,16 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
         hot(
             "claim::pick_and_lease",
             format!(
-                "UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
-                 attempts = attempts + 1, revision = revision + 1, leased_at = {NOW}, \
-                 lease_until = {NOW}, lease_session_id = a.column2, lease_digest = a.column3 \
-                 FROM (SELECT picked_id, row_number() OVER \
+                "WITH picked AS MATERIALIZED (SELECT picked_id, row_number() OVER \
                  (ORDER BY picked_sequence, picked_id) AS picked_rank \
                  FROM (SELECT id AS picked_id, sequence AS picked_sequence FROM deliveries \
                  WHERE subscription_id = '{sub}' AND state = 'PENDING' AND available_at <= {NOW} \
                  AND attempts < attempt_budget ORDER BY sequence, id LIMIT 2{skip_locked}) \
-                 AS candidates) AS picked \
-                 JOIN (VALUES (1, '{SESSION}', 'x'), (2, '{SESSION}', 'y')) AS a \
+                 AS candidates) \
+                 UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
+                 attempts = attempts + 1, revision = revision + 1, leased_at = {NOW}, \
+                 lease_until = {NOW}, lease_session_id = a.column2, lease_digest = a.column3 \
+                 FROM picked JOIN (VALUES (1, '{SESSION}', 'x'), (2, '{SESSION}', 'y')) AS a \
                  ON a.column1 = picked.picked_rank \
                  WHERE deliveries.id = picked.picked_id AND deliveries.state = 'PENDING' \
                  RETURNING id"
