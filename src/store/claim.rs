@@ -276,27 +276,16 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
                 std::iter::repeat_n((k, &claims[open[k]].0.session_id), take)
             })
             .collect();
-        let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
-        let leased = pick_and_lease(
+        lease_slots(
             txn,
             backend,
             subscription_id,
-            &sessions,
-            now,
+            &mut slots,
             now,
             lease_until,
+            &mut shares,
         )
         .await?;
-        let mut filled = vec![false; slots.len()];
-        for (n, row, secret) in leased {
-            filled[n] = true;
-            shares[slots[n].0].push((row, secret));
-        }
-        let mut index = 0;
-        slots.retain(|_| {
-            index += 1;
-            !filled[index - 1]
-        });
         // Short of PENDING rows while entries wait below the head:
         // materialize in this transaction and lease what it inserted, one
         // commit instead of two (delivery-model.md §5). The subscription
@@ -310,21 +299,16 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
             if m.inserted > 0 {
                 // After this materialization (its rows' `created_at`): a
                 // history never shows a lease before its row.
-                let later = crate::domain::now();
-                let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
-                let leased = pick_and_lease(
+                lease_slots(
                     txn,
                     backend,
                     subscription_id,
-                    &sessions,
-                    later,
-                    later,
+                    &mut slots,
+                    crate::domain::now(),
                     lease_until,
+                    &mut shares,
                 )
                 .await?;
-                for (n, row, secret) in leased {
-                    shares[slots[n].0].push((row, secret));
-                }
             }
             materialized.insert(run[0], m);
         }
@@ -475,11 +459,38 @@ async fn live_leases<'a, C: ConnectionTrait>(
         .collect())
 }
 
+/// [`pick_and_lease`] for `slots` (each the index of its claim's share
+/// and its session) at `at`: pushes each leased row to its claim's share
+/// and keeps in `slots` only those left unfilled, in order.
+async fn lease_slots<C: ConnectionTrait>(
+    txn: &C,
+    backend: DbBackend,
+    subscription_id: &SubscriptionId,
+    slots: &mut Vec<(usize, &SessionId)>,
+    at: Timestamp,
+    lease_until: Timestamp,
+    shares: &mut [Vec<(delivery::Model, LeaseSecret)>],
+) -> Result<(), StoreError> {
+    let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
+    let leased = pick_and_lease(txn, backend, subscription_id, &sessions, at, lease_until).await?;
+    let mut filled = vec![false; slots.len()];
+    for (n, row, secret) in leased {
+        filled[n] = true;
+        shares[slots[n].0].push((row, secret));
+    }
+    let mut n = 0;
+    slots.retain(|_| {
+        n += 1;
+        !filled[n - 1]
+    });
+    Ok(())
+}
+
 /// Picks up to `slots.len()` claimable rows of the subscription (PENDING,
-/// available at `available_at`, attempts left) in `(sequence, id)` order
+/// available at `at`, attempts left) in `(sequence, id)` order
 /// and leases the n-th of them to the session `slots[n]`, in one
 /// statement (decision 0089): `lease_epoch += 1, attempts += 1, revision
-/// += 1`, `leased_at`, `lease_until`, the session and the digest of the
+/// += 1`, `leased_at = at`, `lease_until`, the session and the digest of the
 /// row's own fresh secret. PostgreSQL picks `FOR UPDATE SKIP LOCKED`.
 /// Returns the leased rows, each with its slot's index and its secret.
 async fn pick_and_lease<C: ConnectionTrait>(
@@ -487,8 +498,7 @@ async fn pick_and_lease<C: ConnectionTrait>(
     backend: DbBackend,
     subscription_id: &SubscriptionId,
     slots: &[&SessionId],
-    available_at: Timestamp,
-    leased_at: Timestamp,
+    at: Timestamp,
     lease_until: Timestamp,
 ) -> Result<Vec<(usize, delivery::Model, LeaseSecret)>, StoreError> {
     if slots.is_empty() {
@@ -504,8 +514,8 @@ async fn pick_and_lease<C: ConnectionTrait>(
     };
     // Bound in the order they appear in the text (SQLite's `?`).
     let sub = bind(subscription_id.as_str().into());
-    let available = bind(available_at.micros().into());
-    let set_leased_at = bind(leased_at.micros().into());
+    let available = bind(at.micros().into());
+    let set_leased_at = bind(at.micros().into());
     let set_lease_until = bind(lease_until.micros().into());
     // The n-th picked row's session and digest, by rank (1-based).
     let mut by_digest: HashMap<String, (usize, LeaseSecret)> = HashMap::new();
