@@ -314,16 +314,13 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
         }
         behind.insert(subscription_id.as_str(), behind_head);
     }
-    let event_ids: Vec<EventId> = shares
-        .iter()
-        .flatten()
-        .map(|(d, _)| EventId::from_db(d.event_id.clone()))
-        .collect();
-    // Two subscriptions of one queue may lease the same event.
+    // Each event read once; two subscriptions of one queue may lease the
+    // same event.
     let mut uses: HashMap<String, usize> = HashMap::new();
     for (d, _) in shares.iter().flatten() {
         *uses.entry(d.event_id.clone()).or_default() += 1;
     }
+    let event_ids: Vec<EventId> = uses.keys().cloned().map(EventId::from_db).collect();
     let mut events = journal::render(txn, &event_ids).await?;
     let mut event_of = |id: &str| {
         let key = EventId::from_db(id.to_owned());
