@@ -92,7 +92,7 @@ impl Database {
             };
             Ok(Database {
                 read: conn.clone(),
-                writer: Writer::new(conn, DbBackend::Postgres, Arc::default(), None),
+                writer: Writer::new(conn, DbBackend::Postgres, Arc::default(), None, None),
                 backend: DbBackend::Postgres,
                 rounds: None,
             })
@@ -137,7 +137,18 @@ impl Database {
         let read =
             sea_orm::Database::connect(pool(max_connections.saturating_sub(1).max(1))).await?;
         let files = sqlite_path(&url).map(writer::WalFiles::of);
-        let writer = Writer::new(write, DbBackend::Sqlite, health, files);
+        let rounds = sqlite_path(&url).map(|path| writer::RoundSettings {
+            path: path.into(),
+            synchronous: match synchronous {
+                SqliteSynchronous::Off => "OFF",
+                SqliteSynchronous::Normal => "NORMAL",
+                SqliteSynchronous::Full => "FULL",
+                SqliteSynchronous::Extra => "EXTRA",
+            },
+            busy_timeout: SQLITE_BUSY_TIMEOUT,
+            wal_autocheckpoint: SQLITE_WAL_AUTOCHECKPOINT,
+        });
+        let writer = Writer::new(write, DbBackend::Sqlite, health, files, rounds);
         // A WAL left too big for the disk's free space is checkpointed
         // before anything else is written (decision 0076).
         writer.keep_headroom().await;

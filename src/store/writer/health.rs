@@ -80,7 +80,11 @@ fn sqlx_fault(err: &sqlx::Error) -> Option<FaultCause> {
     match err {
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
-            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                || db
+                    .try_downcast_ref::<super::direct::DirectError>()
+                    .is_some()
+            {
                 sqlite_fault(code.parse().unwrap_or(1))
             } else {
                 postgres_fault(&code)
@@ -150,6 +154,10 @@ pub struct WriterHealth {
     /// SQLite: `PRAGMA max_page_count` for new write connections (0: none;
     /// a test hook that makes the database full).
     pub(super) max_page_count: AtomicU64,
+    /// SQLite: counts the faults (and test hooks) after which no write
+    /// connection opened before is trusted; the rounds' connection
+    /// remembers the generation it was opened in (decision 0090).
+    generation: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -178,6 +186,10 @@ impl WriterHealth {
         self.rollbacks.load(Ordering::Acquire)
     }
 
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     pub(super) fn changes(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
     }
@@ -187,6 +199,7 @@ impl WriterHealth {
     pub(crate) fn fault(&self, cause: FaultCause, err: &StoreError, backend: DbBackend) {
         if backend == DbBackend::Sqlite {
             self.replace.store(true, Ordering::Release);
+            self.generation.fetch_add(1, Ordering::AcqRel);
             if cause == FaultCause::DiskFull {
                 self.checkpoint_wanted.store(true, Ordering::Release);
             }
@@ -262,6 +275,7 @@ impl WriterHealth {
     pub(crate) fn set_max_page_count(&self, n: Option<u64>) {
         self.max_page_count.store(n.unwrap_or(0), Ordering::Release);
         self.replace.store(true, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The pool callbacks of SQLite's write connection: hooks on every new

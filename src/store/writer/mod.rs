@@ -7,7 +7,7 @@
 //! write connection and replaces it (decision 0076, `health.rs`).
 
 use std::{
-    sync::{Arc, atomic::Ordering},
+    sync::{Arc, PoisonError, atomic::Ordering},
     time::Instant,
 };
 
@@ -17,6 +17,7 @@ use sea_orm::{
 };
 
 mod batch;
+mod direct;
 mod health;
 pub mod queues;
 pub(super) mod round;
@@ -24,6 +25,8 @@ mod txn;
 
 pub use super::error::{StoreError, WriteError, log_failure};
 pub use batch::{BatchLimits, GroupCommit, batch_or_each};
+use direct::Direct;
+pub(super) use direct::RoundSettings;
 pub use health::{FaultCause, WriterHealth, WriterStats, fault_cause};
 pub use txn::WriteTxn;
 use txn::{Unfinished, execute_checkpoint};
@@ -37,6 +40,30 @@ pub struct Writer {
     health: Arc<WriterHealth>,
     /// SQLite on a file: its WAL and folder.
     files: Option<Arc<WalFiles>>,
+    /// SQLite on a file: the connection write rounds run on (decision
+    /// 0090).
+    rounds: Option<Arc<RoundConnection>>,
+    /// SQLite: held by a write transaction from its `BEGIN` to its end, a
+    /// round's or one through sqlx, so the two connections never contend
+    /// for SQLite's one writer.
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The write rounds' own connection while no round uses it, with the
+/// [`WriterHealth::generation`] it was opened in.
+#[derive(Debug)]
+pub(super) struct RoundConnection {
+    settings: RoundSettings,
+    idle: std::sync::Mutex<Option<(u64, IdleConnection)>>,
+}
+
+/// A rusqlite connection is not `Debug`.
+pub(super) struct IdleConnection(rusqlite::Connection);
+
+impl std::fmt::Debug for IdleConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdleConnection")
+    }
 }
 
 /// Where an SQLite database's WAL lives, for its headroom.
@@ -81,13 +108,70 @@ impl Writer {
         backend: DbBackend,
         health: Arc<WriterHealth>,
         files: Option<WalFiles>,
+        rounds: Option<RoundSettings>,
     ) -> Writer {
         Writer {
             conn,
             backend,
             health,
             files: files.map(Arc::new),
+            rounds: rounds.map(|settings| {
+                Arc::new(RoundConnection {
+                    settings,
+                    idle: std::sync::Mutex::new(None),
+                })
+            }),
+            turn: Arc::default(),
         }
+    }
+
+    /// SQLite: waits for the writer's turn (see [`Writer::turn`]).
+    pub(super) async fn take_turn(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.turn.clone().lock_owned().await
+    }
+
+    /// SQLite on a file: the rounds' connection and the generation it
+    /// belongs to; a new one when there is none, or when a fault since it
+    /// was opened ended its trust (decision 0076). `None`: rounds run
+    /// through sqlx (an in-memory database). Failing to open is a fault.
+    pub(super) fn round_connection(&self) -> Option<Result<(u64, Direct), StoreError>> {
+        let rounds = self.rounds.as_ref()?;
+        let generation = self.health.generation();
+        let idle = rounds
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match idle {
+            Some((opened, conn)) if opened == generation => {
+                return Some(Ok((generation, Direct::new(conn.0))));
+            }
+            Some(_) => self.round_connection_lost(),
+            None => {}
+        }
+        Some(
+            direct::open(&rounds.settings, &self.health)
+                .map(|conn| (generation, Direct::new(conn)))
+                .map_err(|err| self.fault(err)),
+        )
+    }
+
+    /// Keeps a round's connection for the next round, unless a fault
+    /// since `generation` ended its trust (it is dropped: closed).
+    pub(super) fn keep_round_connection(&self, generation: u64, conn: rusqlite::Connection) {
+        match &self.rounds {
+            Some(rounds) if generation == self.health.generation() => {
+                *rounds.idle.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((generation, IdleConnection(conn)));
+            }
+            _ => self.round_connection_lost(),
+        }
+    }
+
+    /// A round's connection was dropped (a fault, or it could not be left
+    /// outside a transaction): the next round opens another.
+    pub(super) fn round_connection_lost(&self) {
+        self.health.replaced.fetch_add(1, Ordering::Relaxed);
     }
 
     /// SQLite: checkpoints the WAL into the database file and truncates it
@@ -138,11 +222,44 @@ impl Writer {
     /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite). A failed
     /// `BEGIN` is a fault.
     pub async fn begin(&self) -> Result<WriteTxn, StoreError> {
+        let turn = match self.backend {
+            DbBackend::Sqlite => Some(self.take_turn().await),
+            _ => None,
+        };
         if self.health.checkpoint_wanted.load(Ordering::Acquire) {
             self.keep_headroom().await;
         }
-        let begun = self
-            .conn
+        self.begin_on(&self.conn, None, turn).await
+    }
+
+    /// [`Writer::begin`] for a round that holds the turn already.
+    pub(super) async fn begin_in_turn(&self) -> Result<WriteTxn, StoreError> {
+        self.begin_on(&self.conn, None, None).await
+    }
+
+    /// Begins a write round's transaction (`BEGIN IMMEDIATE`) on `direct`,
+    /// the runner over the rounds' connection; its statements run in place.
+    /// A failed `BEGIN` is a fault.
+    pub(super) async fn begin_direct(&self, direct: &Direct) -> Result<WriteTxn, StoreError> {
+        direct.begin().await.map_err(|err| self.fault(err))?;
+        let conn: DatabaseConnection = sea_orm::DatabaseConnectionType::MockDatabaseConnection(
+            Arc::new(sea_orm::MockDatabaseConnection::new(direct.clone())),
+        )
+        .into();
+        let txn = self.begin_on(&conn, Some(direct.clone()), None).await?;
+        match direct.take_failure() {
+            Some(err) => Err(self.fault(err)),
+            None => Ok(txn),
+        }
+    }
+
+    async fn begin_on(
+        &self,
+        conn: &DatabaseConnection,
+        direct: Option<Direct>,
+        turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) -> Result<WriteTxn, StoreError> {
+        let begun = conn
             .begin_with_options(TransactionOptions {
                 sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
                 ..Default::default()
@@ -161,6 +278,8 @@ impl Writer {
                     armed: true,
                 },
                 writer: self.clone(),
+                direct,
+                _turn: turn,
             }),
             Err(err) => Err(self.fault(err)),
         }

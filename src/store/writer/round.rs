@@ -17,7 +17,7 @@ use std::sync::{
 use sea_orm::DatabaseTransaction;
 use tokio::sync::{Notify, watch};
 
-use super::{StoreError, WriteError, WriteTxn};
+use super::{StoreError, WriteError, WriteTxn, direct::Direct};
 use crate::store::Database;
 
 /// Members of one round at most.
@@ -28,8 +28,6 @@ pub const MAX_SEATS: usize = 32;
 pub(crate) struct Rounds {
     /// The round newcomers join while it admits them.
     current: Mutex<Option<Arc<Round>>>,
-    /// Held by a round from its `BEGIN` to its `COMMIT`: one at a time.
-    writer: Arc<tokio::sync::Mutex<()>>,
     /// Rounds started so far.
     started: AtomicU64,
 }
@@ -190,7 +188,7 @@ impl Rounds {
         });
         *current = Some(round.clone());
         self.started.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(drive(round.clone(), db.clone(), self.writer.clone()));
+        tokio::spawn(drive(round.clone(), db.clone()));
         Seat {
             round,
             seated: true,
@@ -277,19 +275,31 @@ impl Round {
 
 /// Begins the round once the writer is free, lets its members run, then
 /// closes it and commits when every seated member has left.
-async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<()>>) {
+async fn drive(round: Arc<Round>, db: Database) {
     // Dropped with this task (its runtime stopped): newcomers then start a
     // new round instead of waiting for this one, and its members stop
     // waiting for it.
     let closer = CloseOnDrop(&round);
-    let _writer = writer.lock_owned().await;
-    match db.begin_write().await {
+    let writer = &db.writer;
+    let _turn = writer.take_turn().await;
+    writer.keep_headroom().await;
+    // The round's statements run in place on the rounds' own connection
+    // (decision 0090); on an in-memory database, through sqlx.
+    let (begun, closing) = match writer.round_connection() {
+        Some(Ok((generation, direct))) => (
+            writer.begin_direct(&direct).await,
+            Some(CloseDirect {
+                direct,
+                writer,
+                generation,
+            }),
+        ),
+        Some(Err(err)) => return failed_to_begin(&round, err),
+        None => (writer.begin_in_turn().await, None),
+    };
+    match begun {
         Ok(txn) => *round.txn.lock().await = Some(txn),
-        Err(err) => {
-            round.close();
-            round.phase.send_replace(Phase::Done(Err(err)));
-            return;
-        }
+        Err(err) => return failed_to_begin(&round, err),
     }
     round.phase.send_replace(Phase::Open);
     let (rolled_back, fault) = loop {
@@ -304,14 +314,22 @@ async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<(
         left.await;
     };
     let txn = round.txn.lock().await.take();
-    let outcome = match txn {
-        Some(txn) if !rolled_back => txn.commit().await,
-        Some(txn) => {
+    let outcome = match (txn, &closing) {
+        (Some(txn), Some(closing)) if !rolled_back => match txn.ready_to_commit() {
+            Ok(txn) => {
+                let done = closing.direct.commit().await;
+                txn.committed(done)
+            }
+            Err(err) => Err(err),
+        },
+        (Some(txn), None) if !rolled_back => txn.commit().await,
+        (Some(txn), _) => {
             txn.abort(fault.as_ref()).await;
             Err(fault.unwrap_or_else(spoiled))
         }
-        None => Err(abandoned()),
+        (None, _) => Err(abandoned()),
     };
+    drop(closing);
     if let Err(err) = &outcome
         && err.fault().is_some()
     {
@@ -321,6 +339,29 @@ async fn drive(round: Arc<Round>, db: Database, writer: Arc<tokio::sync::Mutex<(
     }
     round.phase.send_replace(Phase::Done(outcome));
     drop(closer);
+}
+
+fn failed_to_begin(round: &Round, err: StoreError) {
+    round.close();
+    round.phase.send_replace(Phase::Done(Err(err)));
+}
+
+/// Ends a round's runner (also when its driver is dropped): the
+/// connection is kept for the next round when it is left outside a
+/// transaction and no fault ended its trust meanwhile.
+struct CloseDirect<'a> {
+    direct: Direct,
+    writer: &'a super::Writer,
+    generation: u64,
+}
+
+impl Drop for CloseDirect<'_> {
+    fn drop(&mut self) {
+        match self.direct.close() {
+            Some(conn) => self.writer.keep_round_connection(self.generation, conn),
+            None => self.writer.round_connection_lost(),
+        }
+    }
 }
 
 /// Ends a round whose driver is dropped before it ended: newcomers start a

@@ -7,7 +7,7 @@ use std::{
 
 use sea_orm::{DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
 
-use super::{Writer, health::WriterHealth};
+use super::{Writer, direct::Direct, health::WriterHealth};
 use crate::store::StoreError;
 
 pub(super) async fn execute_checkpoint(conn: &DatabaseConnection) -> Result<(), DbErr> {
@@ -28,6 +28,11 @@ pub struct WriteTxn {
     pub(super) commits: u64,
     pub(super) changes: u64,
     pub(super) unfinished: Unfinished,
+    /// A write round's statement runner (SQLite), which keeps the failures
+    /// of its `BEGIN`, `COMMIT` and `ROLLBACK`.
+    pub(super) direct: Option<Direct>,
+    /// SQLite: the writer's turn, held until the transaction ends.
+    pub(super) _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 /// Watches a [`WriteTxn`] dropped unfinished (a cancelled future).
@@ -75,32 +80,69 @@ impl WriteTxn {
     /// `BEGIN`). `Err` is a fault: a transaction found rolled back is not
     /// written; a failed `COMMIT` may have committed (unknown outcome).
     pub async fn commit(self) -> Result<(), StoreError> {
+        let writer = self.writer.clone();
+        // The turn is held until after the checkpoint below.
+        let (txn, direct, _turn, confirming) = self.ready_to_commit()?.split();
+        let done = match txn.commit().await {
+            Ok(()) => direct
+                .as_ref()
+                .and_then(Direct::take_failure)
+                .map_or(Ok(()), Err),
+            Err(err) => Err(err),
+        };
+        confirming.confirm(done)?;
+        writer.keep_headroom().await;
+        Ok(())
+    }
+
+    /// Its transaction, runner and turn, and what confirms its commit.
+    fn split(
+        self,
+    ) -> (
+        DatabaseTransaction,
+        Option<Direct>,
+        Option<tokio::sync::OwnedMutexGuard<()>>,
+        Confirming,
+    ) {
         let WriteTxn {
             txn,
             writer,
             commits,
             changes,
-            mut unfinished,
+            unfinished,
+            direct,
+            _turn,
         } = self;
-        unfinished.armed = false;
-        if !unfinished.intact() {
-            writer.health.replace.store(true, Ordering::Release);
-            drop(txn);
-            return Err(writer.rolled_back("found before its COMMIT"));
+        let confirming = Confirming {
+            writer,
+            commits,
+            changes,
+            unfinished,
+        };
+        (txn, direct, _turn, confirming)
+    }
+
+    /// Before its `COMMIT`: `Err` (a fault) when SQLite already rolled it
+    /// back by itself.
+    pub(super) fn ready_to_commit(mut self) -> Result<WriteTxn, StoreError> {
+        if self.unfinished.intact() {
+            return Ok(self);
         }
-        if let Err(err) = txn.commit().await {
-            return Err(writer.fault(err));
-        }
-        if writer.backend == DbBackend::Sqlite
-            && (writer.health.commits() != commits + 1 || !unfinished.intact())
-        {
-            return Err(writer.rolled_back("its COMMIT committed nothing"));
-        }
-        if writer.backend != DbBackend::Sqlite || writer.health.changes() != changes {
-            writer.health.committed();
-        }
-        writer.keep_headroom().await;
-        Ok(())
+        self.unfinished.armed = false;
+        self.writer.health.replace.store(true, Ordering::Release);
+        let writer = self.writer.clone();
+        drop(self);
+        Err(writer.rolled_back("found before its COMMIT"))
+    }
+
+    /// After its `COMMIT` ran with outcome `done` (a write round's runs on
+    /// a blocking thread, `round::drive`): `Ok` only when SQLite's
+    /// hooks confirm it.
+    pub(super) fn committed(self, done: Result<(), DbErr>) -> Result<(), StoreError> {
+        // A round's transaction ended with its runner: nothing left to do.
+        let (txn, _, _turn, confirming) = self.split();
+        drop(txn);
+        confirming.confirm(done)
     }
 
     /// Rolls back; a failed `ROLLBACK` is a fault.
@@ -116,6 +158,7 @@ impl WriteTxn {
             txn,
             writer,
             mut unfinished,
+            direct,
             ..
         } = self;
         unfinished.armed = false;
@@ -129,9 +172,40 @@ impl WriteTxn {
             drop(txn);
             return;
         }
-        if let Err(err) = txn.rollback().await {
+        let failed = match txn.rollback().await {
+            Err(err) => Some(err),
+            Ok(()) => direct.as_ref().and_then(Direct::take_failure),
+        };
+        if let Some(err) = failed {
             writer.health.replace.store(true, Ordering::Release);
             writer.fault(err);
         }
+    }
+}
+
+/// What confirms a commit once its `COMMIT` ran.
+struct Confirming {
+    writer: Writer,
+    commits: u64,
+    changes: u64,
+    unfinished: Unfinished,
+}
+
+impl Confirming {
+    fn confirm(mut self, done: Result<(), DbErr>) -> Result<(), StoreError> {
+        let writer = &self.writer;
+        self.unfinished.armed = false;
+        if let Err(err) = done {
+            return Err(writer.fault(err));
+        }
+        if writer.backend == DbBackend::Sqlite
+            && (writer.health.commits() != self.commits + 1 || !self.unfinished.intact())
+        {
+            return Err(writer.rolled_back("its COMMIT committed nothing"));
+        }
+        if writer.backend != DbBackend::Sqlite || writer.health.changes() != self.changes {
+            writer.health.committed();
+        }
+        Ok(())
     }
 }
