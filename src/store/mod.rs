@@ -137,8 +137,8 @@ impl Database {
         let read =
             sea_orm::Database::connect(pool(max_connections.saturating_sub(1).max(1))).await?;
         let files = sqlite_path(&url).map(writer::WalFiles::of);
-        let rounds = sqlite_path(&url).map(|path| writer::RoundSettings {
-            path: path.into(),
+        let rounds = round_path(&url).map(|path| writer::RoundSettings {
+            path,
             synchronous: match synchronous {
                 SqliteSynchronous::Off => "OFF",
                 SqliteSynchronous::Normal => "NORMAL",
@@ -408,7 +408,13 @@ impl Commitment {
 
 /// True when `err` is a unique-constraint violation.
 pub fn is_unique_violation(err: &DbErr) -> bool {
-    matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_)))
+    use sea_orm::{RuntimeErr, sqlx};
+    if matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) {
+        return true;
+    }
+    // sea-orm knows only sqlx's own error types; the write rounds' is ours.
+    matches!(err, DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))
+        if matches!(&**e, sqlx::Error::Database(db) if db.is_unique_violation()))
 }
 
 /// `SELECT ... FOR UPDATE` on PostgreSQL; nothing on SQLite, where the
@@ -477,6 +483,24 @@ pub fn sqlite_path(url: &str) -> Option<&str> {
         .or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next()?;
     (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+/// The file write rounds open their own connection on (decision 0090): the
+/// path as sqlx decodes it. `None` (rounds run through sqlx) for an
+/// in-memory database or one opened through another VFS or as immutable,
+/// which a second connection would not see the same way.
+fn round_path(url: &str) -> Option<std::path::PathBuf> {
+    use std::str::FromStr;
+    sqlite_path(url)?;
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let special = query
+        .split('&')
+        .any(|kv| kv == "mode=memory" || matches!(kv.split('=').next(), Some("vfs" | "immutable")));
+    if special {
+        return None;
+    }
+    let options = sea_orm::sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+    Some(options.get_filename().to_path_buf())
 }
 
 /// The pool reports only "pool timed out" when PostgreSQL cannot be
@@ -566,6 +590,21 @@ mod tests {
                 "SQLite was built without SQLITE_ENABLE_QPSG (.cargo/config.toml): {options:?}"
             );
         }
+    }
+
+    #[test]
+    fn round_paths_are_the_files_sqlx_opens() {
+        assert_eq!(
+            round_path("sqlite:///data/my%20db.db?mode=rwc"),
+            Some(std::path::PathBuf::from("/data/my db.db"))
+        );
+        assert_eq!(
+            round_path("sqlite://var/o.db"),
+            Some(std::path::PathBuf::from("var/o.db"))
+        );
+        assert_eq!(round_path("sqlite::memory:"), None);
+        assert_eq!(round_path("sqlite:x.db?mode=memory"), None);
+        assert_eq!(round_path("sqlite:x.db?immutable=true"), None);
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! An SQLite write round's statements, run in place on a connection the
 //! rounds own (decision 0090). sqlx runs each statement on its
 //! connection's worker thread, one hand-off per statement and per row; a
-//! round runs its `BEGIN IMMEDIATE` and every member's statements through
-//! rusqlite on the task's own thread, behind a sea-orm mock connection so
-//! the bodies keep their queries, and its `COMMIT` (the fsync) on a
-//! blocking thread. The connection, and the statements it keeps prepared,
+//! round runs every member's statements through rusqlite on the task's own
+//! thread, behind a sea-orm mock connection so the bodies keep their
+//! queries, and its `BEGIN IMMEDIATE` (which may wait for a lock) and
+//! `COMMIT` (the fsync) on a blocking thread. The connection, and the statements it keeps prepared,
 //! live across rounds; its hooks feed the writer's health (0076).
 
 use std::{
@@ -43,6 +43,8 @@ struct State {
     failure: Option<DbErr>,
     /// `BEGIN IMMEDIATE` ran before the mock transaction began.
     begun: bool,
+    /// Nested transactions a member began (refused, see `begin`).
+    nested: usize,
 }
 
 impl fmt::Debug for Direct {
@@ -58,6 +60,7 @@ impl Direct {
             conn: Some(conn),
             failure: None,
             begun: false,
+            nested: 0,
         })))
     }
 
@@ -92,9 +95,22 @@ impl Direct {
     }
 
     /// Runs `COMMIT` on a blocking thread, so that its fsync does not stall
-    /// the members' runtime.
+    /// the members' runtime; not when a member failed the round (a nested
+    /// transaction).
     pub(crate) async fn commit(&self) -> Result<(), DbErr> {
+        if let Some(failure) = self.take_failure() {
+            return Err(failure);
+        }
         self.off_thread("COMMIT").await
+    }
+
+    /// Ends a nested transaction of a member (see `begin`): true when one
+    /// was open.
+    fn unnest(&self) -> bool {
+        let mut state = self.state();
+        let nested = state.nested > 0;
+        state.nested = state.nested.saturating_sub(1);
+        nested
     }
 
     /// Runs `sql` on a blocking thread that owns the connection for the
@@ -171,21 +187,37 @@ impl MockDatabaseTrait for Direct {
             .query(0, placeholder())
     }
 
-    /// Begun already ([`Direct::begin`]), or here.
+    /// Begun already ([`Direct::begin`]), or here. A body that nests a
+    /// transaction fails the round (its `COMMIT` would commit the others'
+    /// statements half way): nothing of it is written.
     fn begin(&mut self) {
-        let begun = std::mem::take(&mut self.state().begun);
-        if !begun {
-            self.control("BEGIN IMMEDIATE");
+        let mut state = self.state();
+        if std::mem::take(&mut state.begun) {
+            return;
         }
+        if state.conn.as_ref().is_some_and(|c| !c.is_autocommit()) {
+            state.nested += 1;
+            state.failure = Some(DbErr::Custom(
+                "a write round's member began a nested transaction".to_owned(),
+            ));
+            return;
+        }
+        drop(state);
+        self.control("BEGIN IMMEDIATE");
     }
 
     fn commit(&mut self) {
-        self.control("COMMIT");
+        if !self.unnest() {
+            self.control("COMMIT");
+        }
     }
 
     /// Also a transaction dropped unfinished: nothing to do when SQLite
     /// already ended it.
     fn rollback(&mut self) {
+        if self.unnest() {
+            return;
+        }
         let open = self
             .state()
             .conn
@@ -237,8 +269,8 @@ pub(crate) fn open(
         &settings.path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(conn_err)?;
-    conn.busy_timeout(settings.busy_timeout).map_err(conn_err)?;
+    .map_err(open_err)?;
+    conn.busy_timeout(settings.busy_timeout).map_err(open_err)?;
     let mut pragmas = format!(
         "PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON; PRAGMA synchronous = {}; \
          PRAGMA temp_store = memory; PRAGMA wal_autocheckpoint = {};",
@@ -248,27 +280,27 @@ pub(crate) fn open(
     if pages > 0 {
         pragmas.push_str(&format!(" PRAGMA max_page_count = {pages};"));
     }
-    conn.execute_batch(&pragmas).map_err(conn_err)?;
+    conn.execute_batch(&pragmas).map_err(open_err)?;
     conn.set_prepared_statement_cache_capacity(PREPARED);
     let commits = health.clone();
     // `false`: let the commit go on.
     conn.commit_hook(Some(move || {
-        commits.commits.fetch_add(1, Ordering::AcqRel);
+        commits.rounds.commits.fetch_add(1, Ordering::AcqRel);
         false
     }))
-    .map_err(conn_err)?;
+    .map_err(open_err)?;
     let rollbacks = health.clone();
     conn.rollback_hook(Some(move || {
-        rollbacks.rollbacks.fetch_add(1, Ordering::AcqRel);
+        rollbacks.rounds.rollbacks.fetch_add(1, Ordering::AcqRel);
     }))
-    .map_err(conn_err)?;
+    .map_err(open_err)?;
     let changes = health.clone();
     conn.update_hook(Some(
         move |_: rusqlite::hooks::Action, _: &str, _: &str, _: i64| {
-            changes.changes.fetch_add(1, Ordering::AcqRel);
+            changes.rounds.changes.fetch_add(1, Ordering::AcqRel);
         },
     ))
-    .map_err(conn_err)?;
+    .map_err(open_err)?;
     Ok(conn)
 }
 
@@ -586,8 +618,13 @@ fn exec_err(err: rusqlite::Error, exec: bool) -> DbErr {
     }
 }
 
-fn conn_err(err: rusqlite::Error) -> DbErr {
-    DbErr::Conn(RuntimeErr::Internal(err.to_string()))
+/// An error opening a round connection: an SQLite one keeps its code
+/// (CANTOPEN, READONLY: `io`; FULL: `disk_full`).
+fn open_err(err: rusqlite::Error) -> DbErr {
+    match err {
+        rusqlite::Error::SqliteFailure(..) => exec_err(err, true),
+        other => DbErr::Conn(RuntimeErr::Internal(other.to_string())),
+    }
 }
 
 fn closed() -> DbErr {
@@ -629,11 +666,12 @@ mod tests {
         assert_eq!(pragma("foreign_keys"), "Integer(1)");
         conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES ('a'); COMMIT")
             .unwrap();
-        assert_eq!(health.commits(), 1);
-        assert_eq!(health.changes(), 1);
+        assert_eq!(health.rounds.commits(), 1);
+        assert_eq!(health.pool.commits(), 0);
+        assert_eq!(health.rounds.changes(), 1);
         conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES ('b'); ROLLBACK")
             .unwrap();
-        assert_eq!(health.rollbacks(), 1);
+        assert_eq!(health.rounds.rollbacks(), 1);
     }
 
     #[test]

@@ -133,12 +133,12 @@ fn postgres_fault(code: &str) -> Option<FaultCause> {
 /// callbacks and every [`WriteTxn`].
 #[derive(Debug, Default)]
 pub struct WriterHealth {
-    /// SQLite: transactions the write connection committed, and rolled back
-    /// (its commit and rollback hooks), and rows it changed (its update
-    /// hook).
-    pub(super) commits: AtomicU64,
-    pub(super) rollbacks: AtomicU64,
-    pub(super) changes: AtomicU64,
+    /// SQLite: what the hooks of the sqlx write connection counted, and
+    /// those of the write rounds' own connection (decision 0090); each
+    /// transaction is confirmed against its own connection's counts only,
+    /// since the other's hooks may still run for a transaction it ended.
+    pub(super) pool: Hooks,
+    pub(super) rounds: Hooks,
     /// SQLite: checkpoint the WAL before the next write (after a full disk).
     pub(super) checkpoint_wanted: AtomicBool,
     /// When the WAL's headroom was last checked (µs since `born`).
@@ -160,6 +160,29 @@ pub struct WriterHealth {
     generation: AtomicU64,
 }
 
+/// SQLite: transactions one write connection committed, and rolled back
+/// (its commit and rollback hooks), and rows it changed (its update hook).
+#[derive(Debug, Default)]
+pub(super) struct Hooks {
+    pub(super) commits: AtomicU64,
+    pub(super) rollbacks: AtomicU64,
+    pub(super) changes: AtomicU64,
+}
+
+impl Hooks {
+    pub(super) fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Acquire)
+    }
+
+    pub(super) fn rollbacks(&self) -> u64 {
+        self.rollbacks.load(Ordering::Acquire)
+    }
+
+    pub(super) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+}
+
 #[derive(Debug)]
 struct Episode {
     since: Instant,
@@ -178,20 +201,13 @@ pub struct WriterStats {
 }
 
 impl WriterHealth {
-    pub(super) fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Acquire)
-    }
-
-    pub(super) fn rollbacks(&self) -> u64 {
-        self.rollbacks.load(Ordering::Acquire)
+    /// The hook counts of the rounds' connection (`rounds`) or of sqlx's.
+    pub(super) fn hooks(&self, rounds: bool) -> &Hooks {
+        if rounds { &self.rounds } else { &self.pool }
     }
 
     pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
-    }
-
-    pub(super) fn changes(&self) -> u64 {
-        self.changes.load(Ordering::Acquire)
     }
 
     /// Records a fault: the connection is replaced (SQLite), the episode
@@ -303,16 +319,16 @@ impl WriterHealth {
                     let mut handle = conn.lock_handle().await?;
                     let commits = health.clone();
                     handle.set_commit_hook(move || {
-                        commits.commits.fetch_add(1, Ordering::AcqRel);
+                        commits.pool.commits.fetch_add(1, Ordering::AcqRel);
                         true
                     });
                     let rollbacks = health.clone();
                     handle.set_rollback_hook(move || {
-                        rollbacks.rollbacks.fetch_add(1, Ordering::AcqRel);
+                        rollbacks.pool.rollbacks.fetch_add(1, Ordering::AcqRel);
                     });
                     let changes = health.clone();
                     handle.set_update_hook(move |_| {
-                        changes.changes.fetch_add(1, Ordering::AcqRel);
+                        changes.pool.changes.fetch_add(1, Ordering::AcqRel);
                     });
                     Ok(())
                 })

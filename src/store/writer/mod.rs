@@ -134,7 +134,7 @@ impl Writer {
     /// belongs to; a new one when there is none, or when a fault since it
     /// was opened ended its trust (decision 0076). `None`: rounds run
     /// through sqlx (an in-memory database). Failing to open is a fault.
-    pub(super) fn round_connection(&self) -> Option<Result<(u64, Direct), StoreError>> {
+    pub(super) async fn round_connection(&self) -> Option<Result<(u64, Direct), StoreError>> {
         let rounds = self.rounds.as_ref()?;
         let generation = self.health.generation();
         let idle = rounds
@@ -149,8 +149,17 @@ impl Writer {
             Some(_) => self.round_connection_lost(),
             None => {}
         }
+        // Opening may wait for a lock (the busy timeout): not on this thread.
+        let (settings, health) = (rounds.settings.clone(), self.health.clone());
+        let opened = tokio::task::spawn_blocking(move || direct::open(&settings, &health))
+            .await
+            .unwrap_or_else(|err| {
+                Err(DbErr::Conn(RuntimeErr::Internal(format!(
+                    "the thread opening the rounds' connection failed: {err}"
+                ))))
+            });
         Some(
-            direct::open(&rounds.settings, &self.health)
+            opened
                 .map(|conn| (generation, Direct::new(conn)))
                 .map_err(|err| self.fault(err)),
         )
@@ -259,6 +268,7 @@ impl Writer {
         direct: Option<Direct>,
         turn: Option<tokio::sync::OwnedMutexGuard<()>>,
     ) -> Result<WriteTxn, StoreError> {
+        let rounds = direct.is_some();
         let begun = conn
             .begin_with_options(TransactionOptions {
                 sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
@@ -270,11 +280,12 @@ impl Writer {
             // connection: no other transaction's hooks run until it ends.
             Ok(txn) => Ok(WriteTxn {
                 txn,
-                commits: self.health.commits(),
-                changes: self.health.changes(),
+                commits: self.health.hooks(rounds).commits(),
+                changes: self.health.hooks(rounds).changes(),
                 unfinished: Unfinished {
                     health: self.health.clone(),
-                    rollbacks: self.health.rollbacks(),
+                    rollbacks: self.health.hooks(rounds).rollbacks(),
+                    rounds,
                     armed: true,
                 },
                 writer: self.clone(),

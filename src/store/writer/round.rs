@@ -285,7 +285,7 @@ async fn drive(round: Arc<Round>, db: Database) {
     writer.keep_headroom().await;
     // The round's statements run in place on the rounds' own connection
     // (decision 0090); on an in-memory database, through sqlx.
-    let (begun, closing) = match writer.round_connection() {
+    let (begun, closing) = match writer.round_connection().await {
         Some(Ok((generation, direct))) => (
             writer.begin_direct(&direct).await,
             Some(CloseDirect {

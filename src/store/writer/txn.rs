@@ -41,12 +41,14 @@ pub(super) struct Unfinished {
     pub(super) health: Arc<WriterHealth>,
     /// The rollback hook's count when the transaction began.
     pub(super) rollbacks: u64,
+    /// On the rounds' connection: its hooks' counts, not sqlx's.
+    pub(super) rounds: bool,
     pub(super) armed: bool,
 }
 
 impl Unfinished {
     fn intact(&self) -> bool {
-        self.health.rollbacks() == self.rollbacks
+        self.health.hooks(self.rounds).rollbacks() == self.rollbacks
     }
 }
 
@@ -199,11 +201,14 @@ impl Confirming {
             return Err(writer.fault(err));
         }
         if writer.backend == DbBackend::Sqlite
-            && (writer.health.commits() != self.commits + 1 || !self.unfinished.intact())
+            && (writer.health.hooks(self.unfinished.rounds).commits() != self.commits + 1
+                || !self.unfinished.intact())
         {
             return Err(writer.rolled_back("its COMMIT committed nothing"));
         }
-        if writer.backend != DbBackend::Sqlite || writer.health.changes() != self.changes {
+        if writer.backend != DbBackend::Sqlite
+            || writer.health.hooks(self.unfinished.rounds).changes() != self.changes
+        {
             writer.health.committed();
         }
         Ok(())
