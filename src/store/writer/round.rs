@@ -314,20 +314,13 @@ async fn drive(round: Arc<Round>, db: Database) {
         left.await;
     };
     let txn = round.txn.lock().await.take();
-    let outcome = match (txn, &closing) {
-        (Some(txn), Some(closing)) if !rolled_back => match txn.ready_to_commit() {
-            Ok(txn) => {
-                let done = closing.direct.commit().await;
-                txn.committed(done)
-            }
-            Err(err) => Err(err),
-        },
-        (Some(txn), None) if !rolled_back => txn.commit().await,
-        (Some(txn), _) => {
+    let outcome = match txn {
+        Some(txn) if !rolled_back => txn.commit().await,
+        Some(txn) => {
             txn.abort(fault.as_ref()).await;
             Err(fault.unwrap_or_else(spoiled))
         }
-        (None, _) => Err(abandoned()),
+        None => Err(abandoned()),
     };
     drop(closing);
     if let Err(err) = &outcome

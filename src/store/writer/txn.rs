@@ -85,15 +85,22 @@ impl WriteTxn {
         let writer = self.writer.clone();
         // The turn is held until after the checkpoint below.
         let (txn, direct, _turn, confirming) = self.ready_to_commit()?.split();
-        let done = match txn.commit().await {
-            Ok(()) => direct
-                .as_ref()
-                .and_then(Direct::take_failure)
-                .map_or(Ok(()), Err),
-            Err(err) => Err(err),
+        let done = match &direct {
+            // A round's: `COMMIT` on a blocking thread; its mock transaction
+            // then ends with nothing left to do.
+            Some(direct) => {
+                let done = direct.commit().await;
+                drop(txn);
+                done
+            }
+            None => txn.commit().await,
         };
         confirming.confirm(done)?;
-        writer.keep_headroom().await;
+        // A round checks the headroom before its next `BEGIN` (`drive`), so
+        // that its members are answered first.
+        if direct.is_none() {
+            writer.keep_headroom().await;
+        }
         Ok(())
     }
 
@@ -126,7 +133,7 @@ impl WriteTxn {
 
     /// Before its `COMMIT`: `Err` (a fault) when SQLite already rolled it
     /// back by itself.
-    pub(super) fn ready_to_commit(mut self) -> Result<WriteTxn, StoreError> {
+    fn ready_to_commit(mut self) -> Result<WriteTxn, StoreError> {
         if self.unfinished.intact() {
             return Ok(self);
         }
@@ -135,16 +142,6 @@ impl WriteTxn {
         let writer = self.writer.clone();
         drop(self);
         Err(writer.rolled_back("found before its COMMIT"))
-    }
-
-    /// After its `COMMIT` ran with outcome `done` (a write round's runs on
-    /// a blocking thread, `round::drive`): `Ok` only when SQLite's
-    /// hooks confirm it.
-    pub(super) fn committed(self, done: Result<(), DbErr>) -> Result<(), StoreError> {
-        // A round's transaction ended with its runner: nothing left to do.
-        let (txn, _, _turn, confirming) = self.split();
-        drop(txn);
-        confirming.confirm(done)
     }
 
     /// Rolls back; a failed `ROLLBACK` is a fault.
