@@ -529,7 +529,8 @@ pub async fn connect(
         HeaderValue::from_static(frames::SUBPROTOCOL),
     );
     headers.insert("Authorization", HeaderValue::from_str(bearer)?);
-    let (mut ws, _) = tokio_tungstenite::connect_async(request).await?;
+    // Without Nagle, as the consumers of every other target.
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(request, None, true).await?;
     let hello = frames::hello(subscription_id, capacity);
     ws.send(Message::text(hello.text)).await?;
     loop {

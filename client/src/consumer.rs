@@ -727,9 +727,13 @@ async fn connect(config: &Consumer) -> Result<Session, End> {
         HeaderValue::from_str(&config.token.bearer()).map_err(|_| End::Fatal(bad_token()))?;
     headers.insert("Authorization", bearer);
     let deadline = Instant::now() + config.connect_timeout;
-    let upgraded = tokio::time::timeout_at(deadline, tokio_tungstenite::connect_async(request))
-        .await
-        .map_err(|_| retry("connecting timed out".to_owned()))?;
+    // Nagle off: an ACK is a small frame that must leave when it is sent.
+    let upgraded = tokio::time::timeout_at(
+        deadline,
+        tokio_tungstenite::connect_async_with_config(request, None, true),
+    )
+    .await
+    .map_err(|_| retry("connecting timed out".to_owned()))?;
     let (stream, response) = match upgraded {
         Ok(ok) => ok,
         Err(tungstenite::Error::Http(response)) => return Err(refused_upgrade(&response)),

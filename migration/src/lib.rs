@@ -12,6 +12,7 @@ mod m20261201_000076_write_probes;
 mod m20261201_000079_lean_deliveries;
 mod m20261202_000081_delivery_history;
 mod m20261202_000087_outbox_function;
+mod m20261203_000091_idempotency_key_first;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -27,6 +28,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000079_lean_deliveries::Migration),
             Box::new(m20261202_000081_delivery_history::Migration),
             Box::new(m20261202_000087_outbox_function::Migration),
+            Box::new(m20261203_000091_idempotency_key_first::Migration),
         ]
     }
 }

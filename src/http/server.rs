@@ -73,6 +73,7 @@ pub fn serve(
                 })
                 .h1(map_config(app, move |()| config(addr)));
             fn_service(|tcp: TcpStream| async move {
+                set_nodelay(&tcp);
                 let peer = tcp.peer_addr().ok();
                 Ok((EnvelopedIo::new(tcp), peer))
             })
@@ -93,6 +94,16 @@ fn config(addr: SocketAddr) -> AppConfig {
 fn set_tcp_user_timeout(tcp: &TcpStream, timeout: Duration) {
     if let Err(err) = socket2::SockRef::from(tcp).set_tcp_user_timeout(Some(timeout)) {
         tracing::warn!(error = %err, "cannot set TCP_USER_TIMEOUT on a connection");
+    }
+}
+
+/// Frames and answers leave as soon as they are written: with Nagle's
+/// algorithm a small `event.deliver` or `ack` written while the peer's
+/// delayed ACK is pending waits up to 40 ms for it (decision 0091).
+/// `HttpServer` sets this itself; this listener is put together by hand.
+fn set_nodelay(tcp: &TcpStream) {
+    if let Err(err) = tcp.set_nodelay(true) {
+        tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
     }
 }
 

@@ -10,7 +10,7 @@
 //! back, so only successes are recorded.
 
 use crate::store::StoreError;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use entity::idempotency_record;
 
@@ -150,14 +150,29 @@ pub fn stored_answer(record: &idempotency_record::Model, id: &WriteIdentity) -> 
     Ok(data)
 }
 
+/// `ids` as one condition: per credential, `credential_id = c AND key IN
+/// (..)`. The same credential in every arm of an `OR` made PostgreSQL's
+/// planner factor it out and scan every live record of the credential,
+/// filtering the keys (4–9 ms per publish batch after a few thousand
+/// publishes, growing with the records; decision 0091); this form is an
+/// index lookup per key on both backends.
 fn under_keys<'a>(ids: impl IntoIterator<Item = &'a WriteIdentity>) -> Condition {
-    ids.into_iter().fold(Condition::any(), |any, id| {
-        any.add(
-            Condition::all()
-                .add(idempotency_record::Column::CredentialId.eq(id.credential_id.as_str()))
-                .add(idempotency_record::Column::Key.eq(id.key.as_str())),
-        )
-    })
+    let mut by_credential: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for id in ids {
+        by_credential
+            .entry(id.credential_id.as_str())
+            .or_default()
+            .push(id.key.as_str());
+    }
+    by_credential
+        .into_iter()
+        .fold(Condition::any(), |any, (credential_id, keys)| {
+            any.add(
+                Condition::all()
+                    .add(idempotency_record::Column::CredentialId.eq(credential_id))
+                    .add(idempotency_record::Column::Key.is_in(keys)),
+            )
+        })
 }
 
 /// The live records under the keys of `ids` (one statement; a batch of

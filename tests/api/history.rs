@@ -283,23 +283,23 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
         )
         .index("ix_deliveries_subscription_state_created"),
         // store::publish::publish_batch: the keys of a batch of publishes
-        // (decision 0063), one OR term per request.
+        // (decisions 0063, 0091), `key IN (..)` per credential.
         hot(
             "idempotency::live_records (expired)",
             format!(
-                "DELETE FROM idempotency_records WHERE ((credential_id = '{SESSION}' AND key = 'k1') \
-                 OR (credential_id = '{SESSION}' AND key = 'k2')) AND expires_at <= {NOW}"
+                "DELETE FROM idempotency_records WHERE credential_id = '{SESSION}' \
+                 AND key IN ('k1', 'k2') AND expires_at <= {NOW}"
             ),
         )
-        .index("ux_idempotency_records_credential_key"),
+        .index("ux_idempotency_records_key_credential"),
         hot(
             "idempotency::live_records (read)",
             format!(
-                "SELECT * FROM idempotency_records WHERE (credential_id = '{SESSION}' AND key = 'k1') \
-                 OR (credential_id = '{SESSION}' AND key = 'k2')"
+                "SELECT * FROM idempotency_records WHERE credential_id = '{SESSION}' \
+                 AND key IN ('k1', 'k2')"
             ),
         )
-        .index("ux_idempotency_records_credential_key"),
+        .index("ux_idempotency_records_key_credential"),
     ]
 }
 
