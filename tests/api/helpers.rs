@@ -116,6 +116,23 @@ pub async fn spawn_app_with(customize: impl FnOnce(&mut Settings)) -> TestApp {
 
 /// The backend under test: PostgreSQL when `ORBIT_TEST_DATABASE_URL` names
 /// a server (each test gets its own new database there), else SQLite.
+/// How many `Migrator::down` steps undo the migration named `name` (its
+/// module name, e.g. `m20261201_000079_lean_deliveries`) and every one
+/// after it, so a test that goes back to a schema keeps meaning the same
+/// schema when later migrations land.
+pub fn steps_back_to(name: &str) -> u32 {
+    use migration::MigratorTrait;
+    let names: Vec<String> = migration::Migrator::migrations()
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect();
+    let at = names
+        .iter()
+        .position(|n| n == name)
+        .unwrap_or_else(|| panic!("no migration named {name} in {names:?}"));
+    u32::try_from(names.len() - at).unwrap()
+}
+
 pub fn backend_name() -> &'static str {
     if std::env::var("ORBIT_TEST_DATABASE_URL").is_ok() {
         "postgres"

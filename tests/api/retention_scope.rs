@@ -468,8 +468,9 @@ async fn the_migration_dropping_the_event_index_applies_on_a_database_holding_de
     // Back to the schema before 0066 (the index is built over the rows),
     // then forward again, each in its own write transaction.
     let txn = app.db.begin_write().await.unwrap();
-    // 0066 and the migrations after it (0076, 0079, 0081, 0087).
-    migration::Migrator::down(&*txn, Some(5)).await.unwrap();
+    // 0066 and every migration after it.
+    let steps = steps_back_to("m20261130_000066_event_index_without_state");
+    migration::Migrator::down(&*txn, Some(steps)).await.unwrap();
     txn.commit().await.unwrap();
     assert_eq!(app.scalar(&index_count(&app)).await, 1);
     let before = (
