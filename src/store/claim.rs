@@ -18,7 +18,7 @@ use crate::{
     journal::{self, LogPosition, RenderedEvent},
     store::{
         Database, Waiter, history,
-        materialize::{MATERIALIZE_BATCH, Materialized, materialize_in},
+        materialize::{LeaseOnInsert, MATERIALIZE_BATCH, Materialized, materialize_and_lease_in},
         state_is, tenancy,
         writer::batch_or_each,
     },
@@ -294,22 +294,21 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
         let head = sub.position.map_or(0, |p| p.head);
         let mut behind_head = sub.cursor_sequence < head;
         if !slots.is_empty() && behind_head {
-            let m = materialize_in(txn, subscription_id, MATERIALIZE_BATCH).await?;
+            // The rows it inserts for the open slots are inserted LEASED
+            // (one write each); the rest PENDING.
+            let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
+            let lease = LeaseOnInsert {
+                sessions: &sessions,
+                lease_until,
+            };
+            let (m, leased) =
+                materialize_and_lease_in(txn, subscription_id, MATERIALIZE_BATCH, &lease).await?;
             behind_head = !m.caught_up;
-            if m.inserted > 0 {
-                // After this materialization (its rows' `created_at`): a
-                // history never shows a lease before its row.
-                lease_slots(
-                    txn,
-                    backend,
-                    subscription_id,
-                    &mut slots,
-                    crate::domain::now(),
-                    lease_until,
-                    &mut shares,
-                )
-                .await?;
+            let filled = leased.len();
+            for (n, row, secret) in leased {
+                shares[slots[n].0].push((row, secret));
             }
+            slots.drain(..filled);
             materialized.insert(run[0], m);
         }
         behind.insert(subscription_id.as_str(), behind_head);

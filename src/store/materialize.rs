@@ -3,10 +3,15 @@
 
 use crate::store::StoreError;
 use entity::{delivery, subscription};
-use sea_orm::{ActiveModelTrait, ConnectionTrait, EntityTrait, Set, TransactionTrait};
+use sea_orm::{
+    ActiveModelTrait, ConnectionTrait, EntityTrait, IntoActiveModel, Set, TransactionTrait,
+};
 
 use crate::{
-    domain::{DeliveryId, DeliveryState, QueueId, ResultType, SubscriptionId, TypeSet, now},
+    domain::{
+        DeliveryId, DeliveryState, LeaseSecret, QueueId, ResultType, SessionId, SubscriptionId,
+        Timestamp, TypeSet, now,
+    },
     journal,
     store::{Database, lock_for_update},
 };
@@ -96,13 +101,51 @@ fn refill_after(max_pending: i32, batch: u64) -> u64 {
 }
 
 /// The materialization transaction's statements, inside `txn` (the
-/// scanner's own transaction, or a claim's: delivery-model.md §5
-/// "Materialize and lease in one step").
+/// scanner's own transaction): every row inserted PENDING.
 pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
     txn: &C,
     subscription_id: &SubscriptionId,
     batch: u64,
 ) -> Result<Materialized, StoreError> {
+    let (m, _) =
+        materialize_and_lease_in(txn, subscription_id, batch, &LeaseOnInsert::none()).await?;
+    Ok(m)
+}
+
+/// Sessions waiting in a claim that materializes: the first matching
+/// entries are inserted already LEASED, the n-th to `sessions[n]`
+/// (delivery-model.md §5 "Materialize and lease in one step": one write
+/// per delivery instead of an insert and a lease).
+pub(crate) struct LeaseOnInsert<'a> {
+    /// One per row to lease, in slot order.
+    pub sessions: &'a [&'a SessionId],
+    pub lease_until: Timestamp,
+}
+
+impl LeaseOnInsert<'_> {
+    fn none() -> LeaseOnInsert<'static> {
+        LeaseOnInsert {
+            sessions: &[],
+            lease_until: Timestamp(0),
+        }
+    }
+}
+
+/// A row [`materialize_and_lease_in`] inserted LEASED: its slot (index
+/// into [`LeaseOnInsert::sessions`]), the row, and the secret whose digest
+/// it stores.
+pub(crate) type LeasedOnInsert = (usize, delivery::Model, LeaseSecret);
+
+/// [`materialize_in`] in a claim's transaction: the first rows (up to one
+/// per waiting session's slot) are inserted as if materialized (`revision
+/// 1`) and leased (`revision 2, lease_epoch 1, attempts 1`) in the same
+/// insert, with `leased_at = created_at`; the rest PENDING.
+pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTrait>(
+    txn: &C,
+    subscription_id: &SubscriptionId,
+    batch: u64,
+    lease: &LeaseOnInsert<'_>,
+) -> Result<(Materialized, Vec<LeasedOnInsert>), StoreError> {
     let backend = txn.get_database_backend();
     let Some(sub) = lock_for_update(
         subscription::Entity::find_by_id(subscription_id.as_str()),
@@ -111,29 +154,21 @@ pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
     .one(txn)
     .await?
     else {
-        return Ok(Materialized {
-            idle: true,
-            ..Default::default()
-        });
+        return Ok((IDLE, Vec::new()));
     };
     if !sub.enabled {
-        return Ok(Materialized {
-            idle: true,
-            ..Default::default()
-        });
+        return Ok((IDLE, Vec::new()));
     }
     let queue_id = QueueId::from_db(sub.queue_id.clone());
     let Some(pos) = journal::position_for_materialize(txn, &queue_id).await? else {
-        return Ok(Materialized {
-            idle: true,
-            ..Default::default()
-        });
+        return Ok((IDLE, Vec::new()));
     };
     if sub.cursor_sequence < pos.floor {
-        return Ok(Materialized {
+        let gap = Materialized {
             history_gap: Some(pos.earliest()),
             ..Default::default()
-        });
+        };
+        return Ok((gap, Vec::new()));
     }
     let max_pending = sub.max_pending;
     let mut room = i64::from(max_pending) - sub.pending_count;
@@ -142,6 +177,7 @@ pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
     let t = now().micros();
     let mut cursor = sub.cursor_sequence;
     let mut rows = Vec::new();
+    let mut leased = Vec::new();
     let mut stopped_for_room = false;
     for entry in &entries {
         let matches = ResultType::parse(&entry.event_type).is_some_and(|rt| types.contains(rt));
@@ -151,26 +187,41 @@ pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
                 break;
             }
             room -= 1;
-            rows.push(delivery::ActiveModel {
-                id: Set(DeliveryId::generate().into_string()),
-                subscription_id: Set(sub.id.clone()),
-                event_id: Set(entry.event_id.as_str().to_owned()),
-                sequence: Set(entry.sequence),
-                revision: Set(1),
-                state: Set(DeliveryState::Pending),
-                available_at: Set(t),
-                lease_epoch: Set(0),
-                leased_at: Set(None),
-                lease_until: Set(None),
-                lease_digest: Set(None),
-                lease_session_id: Set(None),
-                attempts: Set(0),
-                attempt_budget: Set(sub.max_attempts),
-                acknowledged_at: Set(None),
-                ack_epoch: Set(None),
-                ack_session_id: Set(None),
-                created_at: Set(t),
-            });
+            let mut row = delivery::Model {
+                id: DeliveryId::generate().into_string(),
+                subscription_id: sub.id.clone(),
+                event_id: entry.event_id.as_str().to_owned(),
+                sequence: entry.sequence,
+                revision: 1,
+                state: DeliveryState::Pending,
+                available_at: t,
+                lease_epoch: 0,
+                leased_at: None,
+                lease_until: None,
+                lease_digest: None,
+                lease_session_id: None,
+                attempts: 0,
+                attempt_budget: sub.max_attempts,
+                acknowledged_at: None,
+                ack_epoch: None,
+                ack_session_id: None,
+                created_at: t,
+            };
+            if let Some(session) = lease.sessions.get(leased.len()) {
+                let secret = LeaseSecret::generate();
+                row.state = DeliveryState::Leased;
+                row.revision = 2;
+                row.lease_epoch = 1;
+                row.attempts = 1;
+                row.leased_at = Some(t);
+                row.lease_until = Some(lease.lease_until.micros());
+                row.lease_digest = Some(secret.digest_hex());
+                row.lease_session_id = Some(session.as_str().to_owned());
+                rows.push(row.clone().into_active_model().reset_all());
+                leased.push((leased.len(), row, secret));
+            } else {
+                rows.push(row.into_active_model().reset_all());
+            }
         }
         cursor = entry.sequence;
     }
@@ -187,7 +238,7 @@ pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         active.pending_count = Set(pending);
         active.update(txn).await?;
     }
-    Ok(Materialized {
+    let m = Materialized {
         inserted,
         more: !stopped_for_room && entries.len() as u64 == batch,
         history_gap: None,
@@ -195,5 +246,16 @@ pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
         caught_up: cursor == pos.head,
         window_full: stopped_for_room,
         refill_after: refill_after(max_pending, batch),
-    })
+    };
+    Ok((m, leased))
 }
+
+const IDLE: Materialized = Materialized {
+    inserted: 0,
+    more: false,
+    history_gap: None,
+    idle: true,
+    caught_up: false,
+    window_full: false,
+    refill_after: 0,
+};

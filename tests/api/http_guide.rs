@@ -396,8 +396,12 @@ async fn the_examples_in_docs_http_api_md_are_what_the_server_answers() {
                           "revision": "2", "effect_uncertain": false, "result": { "ok": t == "task.succeeded" } }
         }));
     }
-    // One result now, the other after the first was acknowledged, so that
-    // the two deliveries have distinct creation times (list order).
+    // One result now, the other while the session's one slot holds the
+    // first: the two deliveries have distinct creation times (list order),
+    // and the second is materialized PENDING by the scanner, then leased
+    // by the claim after the ACK, on both backends (a result appended
+    // while a session waits may be inserted LEASED by its claim, or
+    // PENDING by the scanner, whichever runs first).
     let second_result = results.pop().unwrap();
     let publish = serde_json::to_string_pretty(&json!({ "results": results })).unwrap();
     let res = r
@@ -410,11 +414,18 @@ async fn the_examples_in_docs_http_api_md_are_what_the_server_answers() {
         )
         .await;
     assert_eq!(res.status, 201);
-    let mut ws = app.bind(&cred.token, &sub, 2).await;
+    let mut ws = app.bind(&cred.token, &sub, 1).await;
     let acked = ws.delivery().await;
+    app.publish(&cred, vec![second_result]).await;
+    let pending = format!(
+        "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{sub}' AND state = 'PENDING'"
+    );
+    eventually("the second result materialized PENDING", || async {
+        (app.scalar(&pending).await == 1).then_some(())
+    })
+    .await;
     let reply = ws.ack(&acked).await;
     assert_eq!(reply["type"], "ack");
-    app.publish(&cred, vec![second_result]).await;
     let unacked = ws.delivery().await;
     let expired_id = unacked["body"]["delivery"]["id"]
         .as_str()

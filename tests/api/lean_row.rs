@@ -92,21 +92,30 @@ async fn the_lean_row_migration_upgrades_a_database_with_acked_rows_in_place_and
 /// and what the consumer sees is what materialize-then-claim gives
 /// (revision 2, epoch 1, attempt 1).
 #[actix_web::test]
-async fn a_waiting_sessions_claim_materializes_and_leases_a_new_result_in_one_transaction() {
-    if skip_unless_postgres() {
-        return;
-    }
+async fn a_waiting_sessions_claim_inserts_a_new_result_already_leased_in_one_write() {
     let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
     let cred = app.bootstrap().await;
     let s = create_sub(&app, &cred, json!({})).await;
-    for sql in [
-        "CREATE TABLE delivery_writes (id TEXT, state TEXT, xid BIGINT)",
-        "CREATE FUNCTION log_delivery_write() RETURNS trigger AS $$ BEGIN \
-         INSERT INTO delivery_writes VALUES (NEW.id, NEW.state, txid_current()); \
-         RETURN NEW; END $$ LANGUAGE plpgsql",
-        "CREATE TRIGGER log_delivery_writes AFTER INSERT OR UPDATE ON deliveries \
-         FOR EACH ROW EXECUTE FUNCTION log_delivery_write()",
-    ] {
+    // Every write to a delivery row, with its transaction where the
+    // backend tells it (SQLite's single writer: one transaction at a time).
+    let log_writes: &[&str] = match app.db.backend() {
+        sea_orm::DbBackend::Postgres => &[
+            "CREATE TABLE delivery_writes (id TEXT, state TEXT, xid BIGINT)",
+            "CREATE FUNCTION log_delivery_write() RETURNS trigger AS $$ BEGIN \
+             INSERT INTO delivery_writes VALUES (NEW.id, NEW.state, txid_current()); \
+             RETURN NEW; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER log_delivery_writes AFTER INSERT OR UPDATE ON deliveries \
+             FOR EACH ROW EXECUTE FUNCTION log_delivery_write()",
+        ],
+        _ => &[
+            "CREATE TABLE delivery_writes (id TEXT, state TEXT, xid BIGINT)",
+            "CREATE TRIGGER log_delivery_inserts AFTER INSERT ON deliveries \
+             BEGIN INSERT INTO delivery_writes VALUES (NEW.id, NEW.state, 0); END",
+            "CREATE TRIGGER log_delivery_updates AFTER UPDATE ON deliveries \
+             BEGIN INSERT INTO delivery_writes VALUES (NEW.id, NEW.state, 0); END",
+        ],
+    };
+    for sql in log_writes {
         crate::protocol_support::execute(&app, sql).await;
     }
     let mut ws = app.bind(&cred.token, &s, 4).await;
@@ -130,6 +139,14 @@ async fn a_waiting_sessions_claim_materializes_and_leases_a_new_result_in_one_tr
         .await,
         1,
         "materialized and leased by one transaction"
+    );
+    assert_eq!(
+        app.column::<String>(&format!(
+            "SELECT state FROM delivery_writes WHERE id = '{id}' AND state IN ('PENDING', 'LEASED')"
+        ))
+        .await,
+        vec!["LEASED".to_owned()],
+        "inserted LEASED: one write, never a PENDING row first"
     );
     assert_eq!(ws.ack(&d).await["type"], "ack");
     app.assert_invariants().await;

@@ -14,18 +14,25 @@ async fn reject_leases_of(app: &TestApp, subscription_id: &str) {
              RAISE EXCEPTION 'leases of this subscription are rejected'; END $$ \
              LANGUAGE plpgsql"
                 .to_owned(),
+            // A lease is an update of a PENDING row or, when a claim
+            // materializes, the insert of a LEASED one.
             format!(
-                "CREATE TRIGGER reject_leases BEFORE UPDATE ON deliveries FOR EACH ROW \
-                 WHEN (NEW.subscription_id = '{subscription_id}' AND NEW.state = 'LEASED') \
-                 EXECUTE FUNCTION reject_lease()"
+                "CREATE TRIGGER reject_leases BEFORE INSERT OR UPDATE ON deliveries \
+                 FOR EACH ROW WHEN (NEW.subscription_id = '{subscription_id}' \
+                 AND NEW.state = 'LEASED') EXECUTE FUNCTION reject_lease()"
             ),
         ]
     } else {
-        vec![format!(
-            "CREATE TRIGGER reject_leases BEFORE UPDATE ON deliveries FOR EACH ROW \
-             WHEN NEW.subscription_id = '{subscription_id}' AND NEW.state = 'LEASED' \
-             BEGIN SELECT RAISE(ABORT, 'leases of this subscription are rejected'); END"
-        )]
+        ["INSERT", "UPDATE"]
+            .iter()
+            .map(|on| {
+                format!(
+                    "CREATE TRIGGER reject_leases_{on} BEFORE {on} ON deliveries FOR EACH ROW \
+                     WHEN NEW.subscription_id = '{subscription_id}' AND NEW.state = 'LEASED' \
+                     BEGIN SELECT RAISE(ABORT, 'leases of this subscription are rejected'); END"
+                )
+            })
+            .collect()
     };
     let txn = app.db.begin_write().await.unwrap();
     for sql in statements {
