@@ -302,13 +302,13 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
                 lease_until,
             };
             let (m, leased) =
-                materialize_and_lease_in(txn, subscription_id, MATERIALIZE_BATCH, &lease).await?;
+                materialize_and_lease_in(txn, subscription_id, MATERIALIZE_BATCH, Some(&lease))
+                    .await?;
             behind_head = !m.caught_up;
             let filled = leased.len();
-            for (n, row, secret) in leased {
-                shares[slots[n].0].push((row, secret));
+            for ((k, _), row) in slots.drain(..filled).zip(leased) {
+                shares[k].push(row);
             }
-            slots.drain(..filled);
             materialized.insert(run[0], m);
         }
         behind.insert(subscription_id.as_str(), behind_head);

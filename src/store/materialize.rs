@@ -107,8 +107,7 @@ pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
     subscription_id: &SubscriptionId,
     batch: u64,
 ) -> Result<Materialized, StoreError> {
-    let (m, _) =
-        materialize_and_lease_in(txn, subscription_id, batch, &LeaseOnInsert::none()).await?;
+    let (m, _) = materialize_and_lease_in(txn, subscription_id, batch, None).await?;
     Ok(m)
 }
 
@@ -122,19 +121,9 @@ pub(crate) struct LeaseOnInsert<'a> {
     pub lease_until: Timestamp,
 }
 
-impl LeaseOnInsert<'_> {
-    fn none() -> LeaseOnInsert<'static> {
-        LeaseOnInsert {
-            sessions: &[],
-            lease_until: Timestamp(0),
-        }
-    }
-}
-
-/// A row [`materialize_and_lease_in`] inserted LEASED: its slot (index
-/// into [`LeaseOnInsert::sessions`]), the row, and the secret whose digest
-/// it stores.
-pub(crate) type LeasedOnInsert = (usize, delivery::Model, LeaseSecret);
+/// A row [`materialize_and_lease_in`] inserted LEASED and the secret whose
+/// digest it stores; the n-th went to [`LeaseOnInsert::sessions`]`[n]`.
+pub(crate) type LeasedOnInsert = (delivery::Model, LeaseSecret);
 
 /// [`materialize_in`] in a claim's transaction: the first rows (up to one
 /// per waiting session's slot) are inserted as if materialized (`revision
@@ -144,7 +133,7 @@ pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTra
     txn: &C,
     subscription_id: &SubscriptionId,
     batch: u64,
-    lease: &LeaseOnInsert<'_>,
+    lease: Option<&LeaseOnInsert<'_>>,
 ) -> Result<(Materialized, Vec<LeasedOnInsert>), StoreError> {
     let backend = txn.get_database_backend();
     let Some(sub) = lock_for_update(
@@ -207,18 +196,19 @@ pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTra
                 ack_session_id: None,
                 created_at: t,
             };
-            if let Some(session) = lease.sessions.get(leased.len()) {
+            let slot = lease.and_then(|l| Some((l.sessions.get(leased.len())?, l.lease_until)));
+            if let Some((session, lease_until)) = slot {
                 let secret = LeaseSecret::generate();
                 row.state = DeliveryState::Leased;
                 row.revision = 2;
                 row.lease_epoch = 1;
                 row.attempts = 1;
                 row.leased_at = Some(t);
-                row.lease_until = Some(lease.lease_until.micros());
+                row.lease_until = Some(lease_until.micros());
                 row.lease_digest = Some(secret.digest_hex());
                 row.lease_session_id = Some(session.as_str().to_owned());
                 rows.push(row.clone().into_active_model().reset_all());
-                leased.push((leased.len(), row, secret));
+                leased.push((row, secret));
             } else {
                 rows.push(row.into_active_model().reset_all());
             }
