@@ -7,7 +7,8 @@ use std::{collections::HashMap, time::Duration};
 use entity::{delivery, queue, subscription};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, ExprTrait, FromQueryResult, IdenStatic,
-    Iterable, JoinType, QueryFilter, QuerySelect, QueryTrait, sea_query::Expr,
+    Iterable, JoinType, QueryFilter, QuerySelect, QueryTrait,
+    sea_query::{Expr, Func},
 };
 
 use crate::{
@@ -665,7 +666,14 @@ async fn recover_rows<C: ConnectionTrait>(
             .add(state_is(DeliveryState::Leased))
             .add(delivery::Column::LeaseUntil.lte(now.micros()));
         if let Some(ids) = subscription_ids {
-            due = due.add(delivery::Column::SubscriptionId.is_in(ids.iter().map(|id| id.as_str())));
+            // An expression, not the column: no index on `subscription_id`
+            // serves it, so both planners take the lapsed range of
+            // `ix_deliveries_leased_until` (empty while no lease lapsed)
+            // instead of walking every live lease of the subscription
+            // (decision 0093).
+            let subscription =
+                Func::coalesce([Expr::col(delivery::Column::SubscriptionId), Expr::val("")]);
+            due = due.add(subscription.is_in(ids.iter().map(|id| id.as_str())));
         }
         due
     };

@@ -71,7 +71,12 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
                    attempt_budget THEN lease_until ELSE available_at END";
         let due = format!("state = 'LEASED' AND lease_until <= {NOW}");
         if one_subscription {
-            format!("UPDATE deliveries SET {set} WHERE {due} AND subscription_id IN ('{sub}')")
+            // The subscription as an expression no index serves: the
+            // lapsed range bounds the walk, not the live leases (0093).
+            format!(
+                "UPDATE deliveries SET {set} WHERE {due} \
+                 AND COALESCE(subscription_id, '') IN ('{sub}')"
+            )
         } else {
             format!(
                 "UPDATE deliveries SET {set} WHERE {due} AND id IN \
@@ -150,7 +155,8 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
                  ON subscriptions.queue_id = queues.id WHERE subscriptions.id IN ('{sub}')"
             ),
         ),
-        hot("claim::recover_rows (claimed subscriptions)", recover(true)),
+        hot("claim::recover_rows (claimed subscriptions)", recover(true))
+            .index("ix_deliveries_leased_until"),
         hot(
             "claim (held by the session)",
             format!(
