@@ -4,6 +4,7 @@
 //! microseconds since the Unix epoch (UTC); sequences and revisions are
 //! `BIGINT`; JSON documents are stored as text.
 
+pub mod ack_tally;
 pub mod application;
 pub mod audit_record;
 pub mod credential;

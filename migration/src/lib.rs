@@ -13,6 +13,7 @@ mod m20261201_000079_lean_deliveries;
 mod m20261202_000081_delivery_history;
 mod m20261202_000087_outbox_function;
 mod m20261203_000091_idempotency_key_first;
+mod m20261204_000094_ack_tallies;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000081_delivery_history::Migration),
             Box::new(m20261202_000087_outbox_function::Migration),
             Box::new(m20261203_000091_idempotency_key_first::Migration),
+            Box::new(m20261204_000094_ack_tallies::Migration),
         ]
     }
 }

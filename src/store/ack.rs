@@ -6,7 +6,7 @@
 use crate::store::StoreError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use entity::{credential, delivery, subscription};
+use entity::{credential, delivery};
 use sea_orm::{
     ColumnTrait, Condition, DatabaseTransaction, DbBackend, EntityTrait, ExprTrait, QueryFilter,
     QueryOrder, QuerySelect,
@@ -18,7 +18,7 @@ use crate::{
         CredentialId, DeliveryId, DeliveryState, EventId, LeaseSecret, SessionId, SubscriptionId,
         Timestamp, now,
     },
-    store::{Database, history, lock_for_update, state_is, writer::batch_or_each},
+    store::{Database, history, lock_for_update, state_is, tallies, writer::batch_or_each},
 };
 
 /// A lease proof as presented by a consumer.
@@ -78,8 +78,9 @@ pub async fn acknowledge_each(
 /// - the latest proof on a LEASED, PENDING or EXPIRED row → ACKED,
 ///   `acknowledged_at = now`, `ack_epoch` = the proof's epoch,
 ///   `ack_session_id` = the request's session, `revision += 1`, and
-///   `pending_count -= n` once per subscription of the batch (the hot row
-///   is written once per batch, not once per ACK);
+///   `pending_count -= n` once per subscription of the batch (on
+///   PostgreSQL as a tally the next materialization folds in, so that no
+///   ACK waits for the subscription row's lock; decision 0094);
 /// - an ACKED row and the proof that acknowledged it → the original
 ///   `acknowledged_at`, `deduplicated`, nothing written;
 /// - anything else → `LeaseLost`; a delivery of another subscription (or
@@ -371,23 +372,15 @@ async fn write_acks_in(
         return Ok(HashMap::new());
     }
 
-    // Sorted, so that concurrent batches lock subscription rows in one order.
+    // Sorted: on SQLite, where the counter is updated in place, batches
+    // meet the subscription rows in one order.
     let mut per_subscription: BTreeMap<&str, i64> = BTreeMap::new();
     for row in &acked {
         *per_subscription
             .entry(row.subscription_id.as_str())
             .or_default() += 1;
     }
-    for (subscription_id, n) in per_subscription {
-        subscription::Entity::update_many()
-            .col_expr(
-                subscription::Column::PendingCount,
-                Expr::col(subscription::Column::PendingCount).sub(n),
-            )
-            .filter(subscription::Column::Id.eq(subscription_id))
-            .exec(txn)
-            .await?;
-    }
+    tallies::record(txn, &per_subscription).await?;
     Ok(acked.into_iter().map(|r| (r.id, r.event_id)).collect())
 }
 

@@ -1,8 +1,8 @@
 //! What the metrics show about queues and subscriptions, read from the
 //! database when `/metrics` is scraped (spec: architecture.md §6).
-//! Read-only: three index scans, no lock.
+//! Read-only: index scans, no lock.
 
-use crate::store::{StoreError, state_is};
+use crate::store::{StoreError, state_is, tallies};
 use std::{collections::HashMap, time::Duration};
 
 use entity::{delivery, queue, subscription};
@@ -100,12 +100,15 @@ pub async fn read<C: ConnectionTrait>(conn: &C) -> Result<Backlog, StoreError> {
         .into_tuple()
         .all(conn)
         .await?;
+    // Read after the subscriptions (see `tallies::settle`).
+    let unfolded = tallies::unfolded(conn, None).await?;
     let t = now().micros();
     let subscriptions = subs
         .into_iter()
         .map(|(id, queue_id, cursor, pending_count, max_pending)| {
             let age_micros = oldest.get(&id).map_or(0, |at| (t - at).max(0));
             let expired = expired.get(&id).copied().unwrap_or(0);
+            let pending_count = pending_count - unfolded.get(&id).copied().unwrap_or(0);
             SubscriptionBacklog {
                 head: heads.get(queue_id.as_str()).copied().unwrap_or(0),
                 subscription_id: id,

@@ -13,7 +13,7 @@ use crate::{
         Timestamp, TypeSet, now,
     },
     journal,
-    store::{Database, lock_for_update},
+    store::{Database, lock_for_update, tallies},
 };
 
 /// Entries read from the log per materialization transaction.
@@ -44,7 +44,8 @@ pub struct Materialized {
     pub refill_after: u64,
 }
 
-/// One transaction holding the subscription row lock: `room = max_pending -
+/// One transaction holding the subscription row lock: the ACK tallies are
+/// folded into `pending_count` (decision 0094); `room = max_pending -
 /// pending_count`; read entries with `cursor < sequence <= head` in order; for
 /// each matching entry insert a PENDING delivery while room lasts (stopping
 /// *before* a matching entry when room is 0); advance the cursor past every
@@ -159,8 +160,12 @@ pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTra
         };
         return Ok((gap, Vec::new()));
     }
+    // The ACKs tallied since the last fold come off the counter now, under
+    // the row lock (decision 0094).
+    let folded = tallies::fold(txn, &sub.id).await?;
+    let pending_count = sub.pending_count - folded;
     let max_pending = sub.max_pending;
-    let mut room = i64::from(max_pending) - sub.pending_count;
+    let mut room = i64::from(max_pending) - pending_count;
     let entries = journal::read_after(txn, &queue_id, sub.cursor_sequence, pos.head, batch).await?;
     let types = TypeSet::from_db(&sub.types);
     let t = now().micros();
@@ -221,8 +226,8 @@ pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTra
             .exec_without_returning(txn)
             .await?;
     }
-    if cursor != sub.cursor_sequence {
-        let pending = sub.pending_count + inserted as i64;
+    if cursor != sub.cursor_sequence || folded != 0 {
+        let pending = pending_count + inserted as i64;
         let mut active: subscription::ActiveModel = sub.into();
         active.cursor_sequence = Set(cursor);
         active.pending_count = Set(pending);

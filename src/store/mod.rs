@@ -25,6 +25,7 @@ pub mod retention;
 pub mod sessions;
 pub mod status;
 pub mod subscriptions;
+pub(crate) mod tallies;
 pub mod tenancy;
 pub mod wakes;
 pub mod writer;

@@ -18,7 +18,7 @@ use crate::{
         audit::{self, AuditActor, AuditEntry},
         is_unique_violation,
         list_cursor::ListPosition,
-        lock_for_update,
+        lock_for_update, tallies,
     },
 };
 
@@ -226,7 +226,12 @@ pub async fn find_owned<C: ConnectionTrait>(
     let model = subscription::Entity::find_by_id(id.as_str())
         .one(conn)
         .await?;
-    Ok(model.and_then(|m| owned(principal, m)))
+    let mut owned: Vec<_> = model
+        .and_then(|m| owned(principal, m))
+        .into_iter()
+        .collect();
+    tallies::settle(conn, &mut owned).await?;
+    Ok(owned.pop())
 }
 
 /// `Some(model)` when `principal` owns it and its queue is in scope.
@@ -289,6 +294,7 @@ pub async fn list_page<C: ConnectionTrait>(
         .await?;
     let more = items.len() as u64 > limit;
     items.truncate(limit as usize);
+    tallies::settle(conn, &mut items).await?;
     Ok(Page { items, more })
 }
 
@@ -355,8 +361,10 @@ pub async fn configure(
         },
     )
     .await?;
-    subscription::Entity::find_by_id(id.as_str())
+    let mut after = subscription::Entity::find_by_id(id.as_str())
         .one(txn)
         .await?
-        .ok_or_else(|| Error::internal("a configured subscription vanished"))
+        .ok_or_else(|| Error::internal("a configured subscription vanished"))?;
+    tallies::settle(txn, std::slice::from_mut(&mut after)).await?;
+    Ok(after)
 }

@@ -348,7 +348,9 @@ impl TestApp {
     pub async fn assert_invariants(&self) {
         let bad_pending = self
             .scalar(
-                "SELECT COUNT(*) FROM subscriptions s WHERE s.pending_count <> \
+                "SELECT COUNT(*) FROM subscriptions s WHERE s.pending_count - \
+                 (SELECT COALESCE(SUM(t.acked), 0) FROM subscription_ack_tallies t \
+                 WHERE t.subscription_id = s.id) <> \
                  (SELECT COUNT(*) FROM deliveries d WHERE d.subscription_id = s.id AND d.state <> 'ACKED')",
             )
             .await;

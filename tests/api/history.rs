@@ -207,11 +207,26 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
             ),
         ),
         hot(
-            "ack (pending_count)",
+            "ack (pending_count, SQLite)",
             format!(
                 "UPDATE subscriptions SET pending_count = pending_count - 1 WHERE id = '{sub}'"
             ),
         ),
+        // PostgreSQL: the ACKs' tallies, folded by a materialization and
+        // summed by the readers of `pending_count` (decision 0094).
+        hot(
+            "tallies::fold",
+            format!("DELETE FROM subscription_ack_tallies WHERE subscription_id = '{sub}' RETURNING acked"),
+        )
+        .index("ix_subscription_ack_tallies_subscription"),
+        hot(
+            "tallies::unfolded",
+            format!(
+                "SELECT subscription_id, CAST(SUM(acked) AS BIGINT) FROM subscription_ack_tallies \
+                 WHERE subscription_id IN ('{sub}') GROUP BY subscription_id"
+            ),
+        )
+        .index("ix_subscription_ack_tallies_subscription"),
         // Sweeper: recovery across subscriptions, retention batches.
         hot("retention::recover_leases", recover(false)),
         hot(

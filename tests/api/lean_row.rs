@@ -151,3 +151,66 @@ async fn a_waiting_sessions_claim_inserts_a_new_result_already_leased_in_one_wri
     assert_eq!(ws.ack(&d).await["type"], "ack");
     app.assert_invariants().await;
 }
+
+/// Decision 0094 (stack-notes "Hot row"): on PostgreSQL an ACK does not
+/// write the subscription row, so it never waits for that row's lock,
+/// which a claim that materializes holds through its commit. What it takes
+/// off `pending_count` is a tally: readers see it at once, the next
+/// materialization folds it in, and the backlog window refills from it.
+#[actix_web::test]
+async fn an_ack_never_waits_for_the_subscription_row_lock_and_the_window_refills_from_its_tally() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    if skip_unless_postgres() {
+        return;
+    }
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let q = cred.queue_id.clone();
+    let s = create_sub(&app, &cred, json!({ "max_pending": 2 })).await;
+    let mut ws = app.bind(&cred.token, &s, 4).await;
+    app.publish(
+        &cred,
+        (0..4).map(|_| result(&q, "task.succeeded")).collect(),
+    )
+    .await;
+    // The window (2) is full: two delivered, two wait in the log.
+    let first = ws.delivery().await;
+    let second = ws.delivery().await;
+
+    let conn = sea_orm::Database::connect(app.settings.database.url.as_str())
+        .await
+        .unwrap();
+    let lock = conn.begin().await.unwrap();
+    lock.execute_unprepared(&format!(
+        "SELECT id FROM subscriptions WHERE id = '{s}' FOR UPDATE"
+    ))
+    .await
+    .unwrap();
+    for d in [&first, &second] {
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(5), ws.ack(d))
+            .await
+            .expect("the ACK waited for the subscription row lock");
+        assert_eq!(reply["type"], "ack", "{reply}");
+    }
+    let view = app
+        .get(&format!("/v1/subscriptions/{s}"), &cred.token)
+        .await;
+    assert_eq!(view.data()["pending_count"], 0, "the tallies count at once");
+    app.assert_invariants().await;
+    lock.rollback().await.unwrap();
+
+    // The next materialization folds the tallies in: the window has room
+    // for the two results left, and they are delivered.
+    for _ in 0..2 {
+        let d = ws.delivery().await;
+        assert_eq!(ws.ack(&d).await["type"], "ack");
+    }
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{s}' AND state = 'ACKED'"
+        ))
+        .await,
+        4
+    );
+    app.assert_invariants().await;
+}

@@ -399,7 +399,9 @@ async fn every_result_is_delivered_and_acked_without_a_stall_when_the_backlog_is
         .await;
         let pending = app
             .scalar(&format!(
-                "SELECT pending_count FROM subscriptions WHERE id = '{}'",
+                "SELECT pending_count - (SELECT CAST(COALESCE(SUM(acked), 0) AS BIGINT) \
+                 FROM subscription_ack_tallies WHERE subscription_id = '{0}') \
+                 FROM subscriptions WHERE id = '{0}'",
                 subs[i]
             ))
             .await;
