@@ -87,6 +87,10 @@ pub async fn append<C: ConnectionTrait>(
     Ok(appended.pop().flatten())
 }
 
+/// What one append of [`append_many`] did: its events' ids and sequences,
+/// in order, or `None` when its queue does not exist.
+pub type Appended = Option<Vec<(EventId, i64)>>;
+
 /// Rows per `INSERT` of [`append_many`]: 12 parameters each, well under
 /// SQLite's 32,766 and PostgreSQL's 65,535 parameters per statement.
 const INSERT_CHUNK: usize = 1_000;
@@ -104,7 +108,7 @@ pub async fn append_many<C: ConnectionTrait>(
     conn: &C,
     appends: &[(&QueueId, &[NewResult])],
     now: Timestamp,
-) -> Result<Vec<Option<Vec<(EventId, i64)>>>, StoreError> {
+) -> Result<Vec<Appended>, StoreError> {
     let mut totals: Vec<(&str, i64)> = Vec::new();
     for (queue_id, results) in appends {
         let n = i64::try_from(results.len())

@@ -4,13 +4,12 @@
 //! `ack_session_id`; §2), with no audit record per ACK (decision 0079).
 
 use crate::store::StoreError;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use entity::{credential, delivery};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseTransaction, DbBackend, EntityTrait, ExprTrait, QueryFilter,
-    QueryOrder, QuerySelect,
-    sea_query::{CaseStatement, Expr, Func, Query},
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, EntityTrait, QueryFilter,
+    QuerySelect, Statement,
 };
 
 use crate::{
@@ -18,7 +17,7 @@ use crate::{
         CredentialId, DeliveryId, DeliveryState, EventId, LeaseSecret, SessionId, SubscriptionId,
         Timestamp, now,
     },
-    store::{Database, history, lock_for_update, state_is, tallies, writer::batch_or_each},
+    store::{Database, history, sqlite, writer::batch_or_each},
 };
 
 /// A lease proof as presented by a consumer.
@@ -101,12 +100,24 @@ pub async fn acknowledge_batch(
     db: &Database,
     requests: &[AckRequest],
 ) -> Result<Vec<AckOutcome>, StoreError> {
+    if db.backend() == DbBackend::Sqlite {
+        // One writer: the rows are read and decided inside the write
+        // round, in place (decision 0095).
+        let at = now();
+        let (outcomes, refused) = db
+            .write(async |txn| sqlite::on(txn, |conn| sqlite::ack::acknowledge(conn, requests, at)))
+            .await?;
+        if !refused.is_empty() {
+            record_refusals(db, requests, &refused).await;
+        }
+        return Ok(outcomes);
+    }
     let rows = read_rows(db, requests.iter().map(|r| r.proof.delivery_id.as_str())).await?;
     let mut outcomes: Vec<Option<AckOutcome>> = vec![None; requests.len()];
     let mut candidates = Vec::new();
     let mut later = Vec::new();
     let mut taken = HashSet::new();
-    let mut refused: Vec<(usize, delivery::Model)> = Vec::new();
+    let mut refused: Vec<Refused> = Vec::new();
     for (i, request) in requests.iter().enumerate() {
         let id = request.proof.delivery_id.as_str();
         outcomes[i] = match rows.get(id) {
@@ -114,8 +125,8 @@ pub async fn acknowledge_batch(
             Some(row) if row.subscription_id != request.subscription_id.as_str() => {
                 Some(AckOutcome::NotFound)
             }
-            Some(row) if !proof_matches(row, &request.proof) => {
-                refused.push((i, row.clone()));
+            Some(row) if !row_proof_matches(row, &request.proof) => {
+                refused.push(Refused::of(i, row));
                 Some(AckOutcome::LeaseLost)
             }
             Some(row) => match already_acked(row) {
@@ -185,12 +196,12 @@ pub async fn acknowledge_batch(
                         request.proof.delivery_id
                     ))
                 })?;
-            let outcome = match proof_matches(row, &request.proof) {
+            let outcome = match row_proof_matches(row, &request.proof) {
                 true => already_acked(row).unwrap_or(AckOutcome::LeaseLost),
                 false => AckOutcome::LeaseLost,
             };
             if outcome == AckOutcome::LeaseLost {
-                refused.push((i, row.clone()));
+                refused.push(Refused::of(i, row));
             }
             outcomes[i] = Some(outcome);
         }
@@ -204,26 +215,45 @@ pub async fn acknowledge_batch(
         .collect()
 }
 
+/// An ACK refused with `DELIVERY_LEASE_LOST`: the request's index in its
+/// batch and what the history records of its delivery.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub request: usize,
+    pub delivery_id: String,
+    pub attempts: i32,
+    pub attempt_budget: i32,
+}
+
+impl Refused {
+    fn of(request: usize, row: &delivery::Model) -> Refused {
+        Refused {
+            request,
+            delivery_id: row.id.clone(),
+            attempts: row.attempts,
+            attempt_budget: row.attempt_budget,
+        }
+    }
+}
+
 /// Records the refused ACKs in the deliveries' history. Best effort: the
 /// refusal is the consumer's answer and is final whatever the history says,
 /// so a database that cannot write now turns no `DELIVERY_LEASE_LOST` into
 /// an error (decision 0081).
-async fn record_refusals(
-    db: &Database,
-    requests: &[AckRequest],
-    refused: &[(usize, delivery::Model)],
-) {
+async fn record_refusals(db: &Database, requests: &[AckRequest], refused: &[Refused]) {
     let refusals: Vec<history::Refusal<'_>> = refused
         .iter()
-        .map(|(i, row)| history::Refusal {
-            delivery: row,
-            offered_epoch: requests[*i].proof.epoch,
-            session_id: &requests[*i].session_id,
+        .map(|r| history::Refusal {
+            delivery_id: &r.delivery_id,
+            attempts: r.attempts,
+            attempt_budget: r.attempt_budget,
+            offered_epoch: requests[r.request].proof.epoch,
+            session_id: &requests[r.request].session_id,
         })
         .collect();
     let at = now();
     if let Err(err) = db
-        .write(async |txn| history::record_refusals(txn, &refusals, at).await)
+        .write(async |txn| history::record_refusals(&**txn, &refusals, at).await)
         .await
     {
         crate::store::writer::log_failure(&err, "could not record a refused ACK in its history");
@@ -273,126 +303,84 @@ async fn write_acks(
     candidates: &[usize],
     at: Timestamp,
 ) -> Result<HashMap<String, String>, StoreError> {
-    db.write(async |txn| write_acks_in(txn, db.backend(), requests, candidates, at).await)
+    db.write(async |txn| write_acks_in(txn, requests, candidates, at).await)
         .await
 }
 
-/// The statements of [`write_acks`], inside `txn`.
+/// [`write_acks`] as one statement on PostgreSQL (decision 0095): lock the
+/// rows in id order (batches of two nodes never wait on each other in a
+/// cycle), ACK each candidate still at its proof's epoch, not ACKED, and
+/// whose credential is not revoked (checked inside the statement, so a
+/// revocation committed before it is never outrun), and record one tally
+/// per subscription for its `pending_count` (decision 0094). The lists
+/// travel as comma-separated text (ids are hex): one text, planned once.
+const WRITE_ACKS: &str = "WITH a AS (SELECT * FROM unnest(string_to_array($1, ','), \
+     string_to_array($2, ',')::bigint[], string_to_array($3, ','), string_to_array($4, ',')) \
+     AS a(id, epoch, session, credential)), \
+     locked AS (SELECT d.id FROM deliveries d WHERE d.id IN (SELECT id FROM a) \
+     ORDER BY d.id FOR UPDATE), \
+     acked AS (UPDATE deliveries d SET state = 'ACKED', acknowledged_at = $5, \
+     ack_epoch = d.lease_epoch, ack_session_id = NULLIF(a.session, d.lease_session_id), \
+     revision = d.revision + 1 FROM a WHERE d.id = a.id AND d.id IN (SELECT id FROM locked) \
+     AND d.lease_epoch = a.epoch AND d.state <> 'ACKED' AND NOT EXISTS (SELECT 1 FROM \
+     credentials c WHERE c.id = a.credential AND c.revoked_at IS NOT NULL) \
+     RETURNING d.id, d.event_id, d.subscription_id), \
+     tallied AS (INSERT INTO subscription_ack_tallies (subscription_id, acked) \
+     SELECT subscription_id, count(*) FROM acked GROUP BY subscription_id) \
+     SELECT id, event_id FROM acked";
+
+/// The statement of [`write_acks`], inside `txn` (PostgreSQL).
 async fn write_acks_in(
     txn: &DatabaseTransaction,
-    backend: DbBackend,
     requests: &[AckRequest],
     candidates: &[usize],
     at: Timestamp,
 ) -> Result<HashMap<String, String>, StoreError> {
-    let ids: Vec<&str> = candidates
-        .iter()
-        .map(|&i| requests[i].proof.delivery_id.as_str())
-        .collect();
-    if backend == DbBackend::Postgres {
-        // Row locks in id order: batches of two nodes never wait on each
-        // other in a cycle.
-        let _: Vec<String> = lock_for_update(
-            delivery::Entity::find()
-                .select_only()
-                .column(delivery::Column::Id)
-                .filter(delivery::Column::Id.is_in(ids.iter().copied()))
-                .order_by_asc(delivery::Column::Id),
-            DbBackend::Postgres,
-        )
-        .into_tuple()
-        .all(txn)
-        .await?;
-    }
-    // Per credential of the batch: its ACKs at their proofs' epochs, while
-    // the credential is not revoked (one lookup per credential, inside this
-    // statement).
-    let mut by_credential: BTreeMap<&str, Condition> = BTreeMap::new();
-    let mut sessions: Option<CaseStatement> = None;
-    for &i in candidates {
-        let proof = &requests[i].proof;
-        let epoch = i64::try_from(proof.epoch).unwrap_or(i64::MAX);
-        let when = delivery::Column::Id.eq(proof.delivery_id.as_str());
-        let session = requests[i].session_id.as_str();
-        sessions = Some(match sessions {
-            None => Expr::case(when, session),
-            Some(case) => case.case(when, session),
-        });
-        let acks = by_credential
-            .remove(requests[i].credential_id.as_str())
-            .unwrap_or_else(Condition::any);
-        by_credential.insert(
-            requests[i].credential_id.as_str(),
-            acks.add(
-                Condition::all()
-                    .add(delivery::Column::Id.eq(proof.delivery_id.as_str()))
-                    .add(delivery::Column::LeaseEpoch.eq(epoch)),
-            ),
-        );
-    }
-    let mut at_epoch = Condition::any();
-    for (credential_id, acks) in by_credential {
-        let revoked = Query::select()
-            .expr(Expr::val(1))
-            .from(credential::Entity)
-            .and_where(credential::Column::Id.eq(credential_id))
-            .and_where(credential::Column::RevokedAt.is_not_null())
-            .to_owned();
-        at_epoch = at_epoch.add(Condition::all().add(acks).add(Expr::exists(revoked).not()));
-    }
-    let Some(sessions) = sessions else {
-        return Ok(HashMap::new());
+    let list = |f: &dyn Fn(&AckRequest) -> String| {
+        candidates
+            .iter()
+            .map(|&i| f(&requests[i]))
+            .collect::<Vec<_>>()
+            .join(",")
     };
-    let acked = delivery::Entity::update_many()
-        .col_expr(delivery::Column::State, Expr::value(DeliveryState::Acked))
-        .col_expr(delivery::Column::AcknowledgedAt, Expr::value(at.micros()))
-        .col_expr(
-            delivery::Column::AckEpoch,
-            Expr::col(delivery::Column::LeaseEpoch),
-        )
-        // Recorded only when it differs from the lease's session, which
-        // stays on the row: the ACKED row, kept for days, does not carry
-        // the same 32 characters twice (decision 0081).
-        .col_expr(
-            delivery::Column::AckSessionId,
-            Func::cust("NULLIF")
-                .arg(sessions)
-                .arg(Expr::col(delivery::Column::LeaseSessionId))
-                .into(),
-        )
-        .col_expr(
-            delivery::Column::Revision,
-            Expr::col(delivery::Column::Revision).add(1),
-        )
-        .filter(at_epoch)
-        .filter(state_is(DeliveryState::Acked).not())
-        .exec_with_returning(txn)
+    let values: [sea_orm::Value; 5] = [
+        list(&|r| r.proof.delivery_id.as_str().to_owned()).into(),
+        list(&|r| Ord::min(r.proof.epoch, i64::MAX as u64).to_string()).into(),
+        list(&|r| r.session_id.as_str().to_owned()).into(),
+        list(&|r| r.credential_id.as_str().to_owned()).into(),
+        at.micros().into(),
+    ];
+    let rows = txn
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            WRITE_ACKS,
+            values,
+        ))
         .await?;
-    if acked.is_empty() {
-        return Ok(HashMap::new());
-    }
-
-    // Sorted: on SQLite, where the counter is updated in place, batches
-    // meet the subscription rows in one order.
-    let mut per_subscription: BTreeMap<&str, i64> = BTreeMap::new();
-    for row in &acked {
-        *per_subscription
-            .entry(row.subscription_id.as_str())
-            .or_default() += 1;
-    }
-    tallies::record(txn, &per_subscription).await?;
-    Ok(acked.into_iter().map(|r| (r.id, r.event_id)).collect())
+    rows.iter()
+        .map(|row| {
+            Ok((
+                row.try_get::<String>("", "id")?,
+                row.try_get::<String>("", "event_id")?,
+            ))
+        })
+        .collect()
 }
 
 /// The proof is the row's latest: same epoch (≥ 1) and the secret's digest
 /// equals the stored one (constant time).
-fn proof_matches(row: &delivery::Model, proof: &LeaseProof) -> bool {
-    let epoch_ok = u64::try_from(row.lease_epoch).is_ok_and(|e| e >= 1 && e == proof.epoch);
-    let digest_ok = row
-        .lease_digest
-        .as_deref()
-        .is_some_and(|d| proof.secret.matches_digest(d));
+pub(crate) fn proof_matches(
+    lease_epoch: i64,
+    lease_digest: Option<&str>,
+    proof: &LeaseProof,
+) -> bool {
+    let epoch_ok = u64::try_from(lease_epoch).is_ok_and(|e| e >= 1 && e == proof.epoch);
+    let digest_ok = lease_digest.is_some_and(|d| proof.secret.matches_digest(d));
     epoch_ok & digest_ok
+}
+
+fn row_proof_matches(row: &delivery::Model, proof: &LeaseProof) -> bool {
+    proof_matches(row.lease_epoch, row.lease_digest.as_deref(), proof)
 }
 
 fn already_acked(row: &delivery::Model) -> Option<AckOutcome> {

@@ -18,9 +18,9 @@ use crate::{
     },
     journal::{self, LogPosition, RenderedEvent},
     store::{
-        Database, Waiter, history,
+        Database, Waiter, WriteTxn, history,
         materialize::{LeaseOnInsert, MATERIALIZE_BATCH, Materialized, materialize_and_lease_in},
-        state_is, tenancy,
+        sqlite, state_is, tenancy,
         writer::batch_or_each,
     },
 };
@@ -148,12 +148,12 @@ async fn claim_batch_after(
 
 /// One subscription as a claim checks it, read with its queue's head and
 /// retention floor in one statement.
-struct ClaimedSubscription {
-    queue_id: QueueId,
-    enabled: bool,
-    cursor_sequence: i64,
+pub(crate) struct ClaimedSubscription {
+    pub queue_id: QueueId,
+    pub enabled: bool,
+    pub cursor_sequence: i64,
     /// `None` when the queue row is missing.
-    position: Option<LogPosition>,
+    pub position: Option<LogPosition>,
 }
 
 /// The claims of one batch inside `txn`, in as few statements as the
@@ -161,8 +161,8 @@ struct ClaimedSubscription {
 /// their queues' positions, the recovery of their lapsed leases and the
 /// sessions' live leases are each read or written once per batch; the
 /// candidates and the lease once per subscription; the events once.
-async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
-    txn: &C,
+async fn claim_batch_in(
+    txn: &WriteTxn,
     backend: DbBackend,
     claims: &[(ClaimTarget, u32)],
     lease: Duration,
@@ -170,23 +170,34 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
     if claims.is_empty() {
         return Ok(Vec::new());
     }
-    let principals =
-        tenancy::principals_by_id(txn, claims.iter().map(|(t, _)| &t.credential_id)).await?;
-    let subscriptions =
-        subscriptions_with_positions(txn, claims.iter().map(|(t, _)| &t.subscription_id)).await?;
+    let credentials = claims.iter().map(|(t, _)| t.credential_id.as_str());
+    let subscription_ids = claims.iter().map(|(t, _)| t.subscription_id.as_str());
+    let read = txn.sqlite(|conn| {
+        Ok((
+            sqlite::claim::scopes(conn, credentials.clone())?,
+            sqlite::claim::subscriptions_with_positions(conn, subscription_ids.clone())?,
+        ))
+    });
+    let (scopes, subscriptions) = match read {
+        Some(read) => read?,
+        None => (
+            scopes(&**txn, credentials).await?,
+            subscriptions_with_positions(&**txn, subscription_ids).await?,
+        ),
+    };
 
     // Each claim is checked as if alone: its credential, then the
     // subscription (enabled, no history gap).
     let mut outcomes: Vec<Option<ClaimOutcome>> = claims
         .iter()
         .map(|(target, _)| {
-            let Some(principal) = principals.get(target.credential_id.as_str()) else {
+            let Some(scope) = scopes.get(target.credential_id.as_str()) else {
                 return Some(ClaimOutcome::Revoked);
             };
             let Some(sub) = subscriptions.get(target.subscription_id.as_str()) else {
                 return Some(ClaimOutcome::Gone);
             };
-            if !principal.in_scope(&sub.queue_id) {
+            if !scope.contains(&sub.queue_id) {
                 return Some(ClaimOutcome::Gone);
             }
             if !sub.enabled {
@@ -215,7 +226,13 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
             open_subscriptions.push(id);
         }
     }
-    let lapsed = recover_rows(txn, Some(&open_subscriptions), now, u64::MAX).await?;
+    // On SQLite one look at the lapsed range tells that nothing lapsed
+    // (almost always): then no recovery statement runs.
+    let lapsed = match txn.sqlite(|conn| sqlite::claim::any_lapsed(conn, now)) {
+        Some(Ok(false)) => Vec::new(),
+        Some(Err(err)) => return Err(err),
+        _ => recover_rows(&**txn, Some(&open_subscriptions), now, u64::MAX).await?,
+    };
     let mut recovered: HashMap<&str, Recovered> = open_subscriptions
         .iter()
         .map(|id| {
@@ -223,7 +240,11 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
             (id.as_str(), Recovered::of(rows))
         })
         .collect();
-    let held = live_leases(txn, open.iter().map(|&i| &claims[i].0.session_id), now).await?;
+    let sessions = open.iter().map(|&i| &claims[i].0.session_id);
+    let held = match txn.sqlite(|conn| sqlite::claim::live_leases(conn, sessions.clone(), now)) {
+        Some(held) => held?,
+        None => live_leases(&**txn, sessions, now).await?,
+    };
     // `min(want, capacity - held)` per claim; a session twice in one batch
     // also counts what its earlier claim takes.
     let mut taken: HashMap<&str, u64> = HashMap::new();
@@ -320,17 +341,24 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
     for (d, _) in shares.iter().flatten() {
         *uses.entry(d.event_id.clone()).or_default() += 1;
     }
-    let event_ids: Vec<EventId> = uses.keys().cloned().map(EventId::from_db).collect();
-    let mut events = journal::render(txn, &event_ids).await?;
-    let mut event_of = |id: &str| {
-        let key = EventId::from_db(id.to_owned());
-        match uses.get_mut(id) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                events.get(&key).cloned()
+    let mut events =
+        match txn.sqlite(|conn| sqlite::claim::render(conn, uses.keys().map(String::as_str))) {
+            Some(events) => events?,
+            None => {
+                let ids: Vec<EventId> = uses.keys().cloned().map(EventId::from_db).collect();
+                journal::render(&**txn, &ids)
+                    .await?
+                    .into_iter()
+                    .map(|(id, event)| (id.into_string(), event))
+                    .collect()
             }
-            _ => events.remove(&key),
+        };
+    let mut event_of = |id: &str| match uses.get_mut(id) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            events.get(id).cloned()
         }
+        _ => events.remove(id),
     };
 
     for (k, (&i, share)) in open.iter().zip(shares).enumerate() {
@@ -375,9 +403,9 @@ async fn claim_batch_in<C: ConnectionTrait + sea_orm::TransactionTrait>(
 /// statement (a join); an unknown id is absent.
 async fn subscriptions_with_positions<'a, C: ConnectionTrait>(
     txn: &C,
-    ids: impl Iterator<Item = &'a SubscriptionId>,
+    ids: impl Iterator<Item = &'a str>,
 ) -> Result<HashMap<String, ClaimedSubscription>, StoreError> {
-    let mut ids: Vec<&str> = ids.map(SubscriptionId::as_str).collect();
+    let mut ids: Vec<&str> = ids.collect();
     ids.sort_unstable();
     ids.dedup();
     #[derive(FromQueryResult)]
@@ -432,6 +460,20 @@ async fn subscriptions_with_positions<'a, C: ConnectionTrait>(
         .collect())
 }
 
+/// The queue scope of each unrevoked credential of `ids` (a revoked or
+/// unknown one is absent).
+async fn scopes<'a, C: ConnectionTrait>(
+    txn: &C,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<HashMap<String, Vec<QueueId>>, StoreError> {
+    let ids: Vec<CredentialId> = ids.map(|id| CredentialId::from_db(id.to_owned())).collect();
+    Ok(tenancy::principals_by_id(txn, ids.iter())
+        .await?
+        .into_iter()
+        .map(|(id, principal)| (id, principal.queue_scope))
+        .collect())
+}
+
 /// LEASED rows with `lease_until > now` of each of `sessions`.
 async fn live_leases<'a, C: ConnectionTrait>(
     txn: &C,
@@ -459,8 +501,8 @@ async fn live_leases<'a, C: ConnectionTrait>(
 /// [`pick_and_lease`] for `slots` (each the index of its claim's share
 /// and its session) at `at`: pushes each leased row to its claim's share
 /// and keeps in `slots` only those left unfilled, in order.
-async fn lease_slots<C: ConnectionTrait>(
-    txn: &C,
+async fn lease_slots(
+    txn: &WriteTxn,
     backend: DbBackend,
     subscription_id: &SubscriptionId,
     slots: &mut Vec<(usize, &SessionId)>,
@@ -469,7 +511,14 @@ async fn lease_slots<C: ConnectionTrait>(
     shares: &mut [Vec<(delivery::Model, LeaseSecret)>],
 ) -> Result<(), StoreError> {
     let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
-    let leased = pick_and_lease(txn, backend, subscription_id, &sessions, at, lease_until).await?;
+    let leased = match txn.sqlite(|conn| {
+        sqlite::claim::pick_and_lease(conn, subscription_id.as_str(), &sessions, at, lease_until)
+    }) {
+        Some(leased) => leased?,
+        None => {
+            pick_and_lease(&**txn, backend, subscription_id, &sessions, at, lease_until).await?
+        }
+    };
     let mut filled = vec![false; slots.len()];
     for (n, row, secret) in leased {
         filled[n] = true;

@@ -188,7 +188,9 @@ pub async fn record_retries<C: ConnectionTrait>(
 /// own subscription.
 #[derive(Debug, Clone)]
 pub struct Refusal<'a> {
-    pub delivery: &'a delivery::Model,
+    pub delivery_id: &'a str,
+    pub attempts: i32,
+    pub attempt_budget: i32,
     pub offered_epoch: u64,
     pub session_id: &'a SessionId,
 }
@@ -205,18 +207,18 @@ pub async fn record_refusals<C: ConnectionTrait>(
         let recorded = Query::select()
             .expr(Expr::col(H::Id).count())
             .from(delivery_history::Entity)
-            .and_where(H::DeliveryId.eq(r.delivery.id.as_str()))
+            .and_where(H::DeliveryId.eq(r.delivery_id))
             .and_where(H::Step.eq(StepKind::AckRefused.stored()))
             .to_owned();
         let values = Query::select()
             .exprs([
-                Expr::val(r.delivery.id.as_str()),
+                Expr::val(r.delivery_id),
                 Expr::val(StepKind::AckRefused.stored()),
                 Expr::val(at.micros()),
                 Expr::val(i64::try_from(r.offered_epoch).unwrap_or(i64::MAX)),
                 Expr::val(r.session_id.as_str()),
-                Expr::val(r.delivery.attempts),
-                Expr::val(r.delivery.attempt_budget),
+                Expr::val(r.attempts),
+                Expr::val(r.attempt_budget),
             ])
             .and_where(
                 Expr::expr(Expr::SubQuery(None, Box::new(recorded.into())))

@@ -4,7 +4,8 @@
 use crate::store::StoreError;
 use entity::{delivery, subscription};
 use sea_orm::{
-    ActiveModelTrait, ConnectionTrait, EntityTrait, IntoActiveModel, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
+    IntoActiveModel, QueryFilter, sea_query::Expr,
 };
 
 use crate::{
@@ -12,8 +13,8 @@ use crate::{
         DeliveryId, DeliveryState, LeaseSecret, QueueId, ResultType, SessionId, SubscriptionId,
         Timestamp, TypeSet, now,
     },
-    journal,
-    store::{Database, lock_for_update, tallies},
+    journal::{self, JournalEntry, LogPosition},
+    store::{Database, WriteTxn, lock_for_update, sqlite, tallies},
 };
 
 /// Entries read from the log per materialization transaction.
@@ -103,8 +104,8 @@ fn refill_after(max_pending: i32, batch: u64) -> u64 {
 
 /// The materialization transaction's statements, inside `txn` (the
 /// scanner's own transaction): every row inserted PENDING.
-pub(crate) async fn materialize_in<C: ConnectionTrait + TransactionTrait>(
-    txn: &C,
+pub(crate) async fn materialize_in(
+    txn: &WriteTxn,
     subscription_id: &SubscriptionId,
     batch: u64,
 ) -> Result<Materialized, StoreError> {
@@ -126,31 +127,56 @@ pub(crate) struct LeaseOnInsert<'a> {
 /// digest it stores; the n-th went to [`LeaseOnInsert::sessions`]`[n]`.
 pub(crate) type LeasedOnInsert = (delivery::Model, LeaseSecret);
 
+/// What a materialization reads of its subscription, under its row lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Materializing {
+    pub id: String,
+    pub queue_id: String,
+    pub enabled: bool,
+    pub types: String,
+    pub cursor_sequence: i64,
+    /// With the ACK tallies folded in (decision 0094).
+    pub pending_count: i64,
+    /// The ACKs those tallies took off (PostgreSQL; 0 on SQLite).
+    pub folded: i64,
+    pub max_pending: i32,
+    pub max_attempts: i32,
+}
+
+/// What a materialization found before it decides anything.
+pub(crate) enum Found {
+    /// Paused, gone, or its queue gone: nothing to read.
+    Idle,
+    /// The subscription, its queue's position and the entries after its
+    /// cursor (up to the head, at most one batch), in sequence order.
+    Entries {
+        sub: Materializing,
+        position: LogPosition,
+        entries: Vec<JournalEntry>,
+    },
+}
+
 /// [`materialize_in`] in a claim's transaction: the first rows (up to one
 /// per waiting session's slot) are inserted as if materialized (`revision
 /// 1`) and leased (`revision 2, lease_epoch 1, attempts 1`) in the same
 /// insert, with `leased_at = created_at`; the rest PENDING.
-pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTrait>(
-    txn: &C,
+pub(crate) async fn materialize_and_lease_in(
+    txn: &WriteTxn,
     subscription_id: &SubscriptionId,
     batch: u64,
     lease: Option<&LeaseOnInsert<'_>>,
 ) -> Result<(Materialized, Vec<LeasedOnInsert>), StoreError> {
-    let backend = txn.get_database_backend();
-    let Some(sub) = lock_for_update(
-        subscription::Entity::find_by_id(subscription_id.as_str()),
-        backend,
-    )
-    .one(txn)
-    .await?
+    let found =
+        match txn.sqlite(|conn| sqlite::materialize::find(conn, subscription_id.as_str(), batch)) {
+            Some(found) => found?,
+            None => find(txn, subscription_id, batch).await?,
+        };
+    let Found::Entries {
+        sub,
+        position: pos,
+        entries,
+    } = found
     else {
-        return Ok((IDLE, Vec::new()));
-    };
-    if !sub.enabled {
-        return Ok((IDLE, Vec::new()));
-    }
-    let queue_id = QueueId::from_db(sub.queue_id.clone());
-    let Some(pos) = journal::position_for_materialize(txn, &queue_id).await? else {
         return Ok((IDLE, Vec::new()));
     };
     if sub.cursor_sequence < pos.floor {
@@ -160,13 +186,8 @@ pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTra
         };
         return Ok((gap, Vec::new()));
     }
-    // The ACKs tallied since the last fold come off the counter now, under
-    // the row lock (decision 0094).
-    let folded = tallies::fold(txn, &sub.id).await?;
-    let pending_count = sub.pending_count - folded;
     let max_pending = sub.max_pending;
-    let mut room = i64::from(max_pending) - pending_count;
-    let entries = journal::read_after(txn, &queue_id, sub.cursor_sequence, pos.head, batch).await?;
+    let mut room = i64::from(max_pending) - sub.pending_count;
     let types = TypeSet::from_db(&sub.types);
     let t = now().micros();
     let mut cursor = sub.cursor_sequence;
@@ -212,26 +233,22 @@ pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTra
                 row.lease_until = Some(lease_until.micros());
                 row.lease_digest = Some(secret.digest_hex());
                 row.lease_session_id = Some(session.as_str().to_owned());
-                rows.push(row.clone().into_active_model().reset_all());
+                rows.push(row.clone());
                 leased.push((row, secret));
             } else {
-                rows.push(row.into_active_model().reset_all());
+                rows.push(row);
             }
         }
         cursor = entry.sequence;
     }
     let inserted = rows.len() as u64;
-    if !rows.is_empty() {
-        delivery::Entity::insert_many(rows)
-            .exec_without_returning(txn)
-            .await?;
-    }
-    if cursor != sub.cursor_sequence || folded != 0 {
-        let pending = pending_count + inserted as i64;
-        let mut active: subscription::ActiveModel = sub.into();
-        active.cursor_sequence = Set(cursor);
-        active.pending_count = Set(pending);
-        active.update(txn).await?;
+    // The counter row is written when the cursor moved or tallies were
+    // folded into `pending_count` (PostgreSQL, decision 0094).
+    let counter = (cursor != sub.cursor_sequence || sub.folded != 0)
+        .then_some((cursor, sub.pending_count + inserted as i64));
+    match txn.sqlite(|conn| sqlite::materialize::store(conn, &rows, &sub.id, counter)) {
+        Some(stored) => stored?,
+        None => store(txn, rows, &sub.id, counter).await?,
     }
     let m = Materialized {
         inserted,
@@ -243,6 +260,83 @@ pub(crate) async fn materialize_and_lease_in<C: ConnectionTrait + TransactionTra
         refill_after: refill_after(max_pending, batch),
     };
     Ok((m, leased))
+}
+
+/// [`Found`] on PostgreSQL: the subscription row locked `FOR UPDATE`, its
+/// queue's position `FOR KEY SHARE` (no purge meanwhile), the ACK tallies
+/// folded in under that lock (decision 0094), the entries after the cursor.
+async fn find(
+    txn: &WriteTxn,
+    subscription_id: &SubscriptionId,
+    batch: u64,
+) -> Result<Found, StoreError> {
+    let txn: &DatabaseTransaction = txn;
+    let Some(sub) = lock_for_update(
+        subscription::Entity::find_by_id(subscription_id.as_str()),
+        txn.get_database_backend(),
+    )
+    .one(txn)
+    .await?
+    else {
+        return Ok(Found::Idle);
+    };
+    if !sub.enabled {
+        return Ok(Found::Idle);
+    }
+    let queue_id = QueueId::from_db(sub.queue_id.clone());
+    let Some(position) = journal::position_for_materialize(txn, &queue_id).await? else {
+        return Ok(Found::Idle);
+    };
+    let folded = tallies::fold(txn, &sub.id).await?;
+    let entries = if sub.cursor_sequence < position.floor {
+        Vec::new()
+    } else {
+        journal::read_after(txn, &queue_id, sub.cursor_sequence, position.head, batch).await?
+    };
+    let sub = Materializing {
+        id: sub.id,
+        queue_id: sub.queue_id,
+        enabled: sub.enabled,
+        types: sub.types,
+        cursor_sequence: sub.cursor_sequence,
+        pending_count: sub.pending_count - folded,
+        folded,
+        max_pending: sub.max_pending,
+        max_attempts: sub.max_attempts,
+    };
+    Ok(Found::Entries {
+        sub,
+        position,
+        entries,
+    })
+}
+
+/// Inserts `rows` and sets the subscription's `(cursor, pending_count)`
+/// when given, on PostgreSQL.
+async fn store(
+    txn: &WriteTxn,
+    rows: Vec<delivery::Model>,
+    subscription_id: &str,
+    counter: Option<(i64, i64)>,
+) -> Result<(), StoreError> {
+    let txn: &DatabaseTransaction = txn;
+    if !rows.is_empty() {
+        delivery::Entity::insert_many(rows.into_iter().map(|r| r.into_active_model().reset_all()))
+            .exec_without_returning(txn)
+            .await?;
+    }
+    if let Some((cursor, pending_count)) = counter {
+        subscription::Entity::update_many()
+            .col_expr(subscription::Column::CursorSequence, Expr::value(cursor))
+            .col_expr(
+                subscription::Column::PendingCount,
+                Expr::value(pending_count),
+            )
+            .filter(subscription::Column::Id.eq(subscription_id))
+            .exec(txn)
+            .await?;
+    }
+    Ok(())
 }
 
 const IDLE: Materialized = Materialized {

@@ -23,6 +23,7 @@ pub mod materialize;
 pub mod publish;
 pub mod retention;
 pub mod sessions;
+pub mod sqlite;
 pub mod status;
 pub mod subscriptions;
 pub(crate) mod tallies;
@@ -107,6 +108,16 @@ impl Database {
 
     async fn connect_sqlite(url: &str, max_connections: u32) -> Result<Database, StoreError> {
         let (url, synchronous) = split_sqlite_synchronous(url)?;
+        // The hot writes run on a connection of the writer's own to the
+        // same file (decision 0095): a database it could not open as the
+        // pool sees it would only fail at the first delivery.
+        let Some(round_file) = round_path(&url) else {
+            return Err(StoreError::Config(format!(
+                "database.url must name an SQLite file, not an in-memory, immutable or \
+                 other-VFS database (got {})",
+                redact_url(&url)
+            )));
+        };
         if let Some(parent) = sqlite_path(&url).and_then(|p| Path::new(p).parent())
             && !parent.as_os_str().is_empty()
         {
@@ -138,8 +149,8 @@ impl Database {
         let read =
             sea_orm::Database::connect(pool(max_connections.saturating_sub(1).max(1))).await?;
         let files = sqlite_path(&url).map(writer::WalFiles::of);
-        let rounds = round_path(&url).map(|path| writer::RoundSettings {
-            path,
+        let rounds = Some(writer::RoundSettings {
+            path: round_file,
             synchronous: match synchronous {
                 SqliteSynchronous::Off => "OFF",
                 SqliteSynchronous::Normal => "NORMAL",
@@ -197,7 +208,7 @@ impl Database {
         E: WriteError,
         F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
     {
-        self.writer.write_alone(body).await
+        self.writer.write_alone(async |txn| body(txn).await).await
     }
 
     /// Runs `body` in a write transaction and returns its answer once that
@@ -213,11 +224,13 @@ impl Database {
     /// run again); if the round fails on the database (a fault, decision
     /// 0076), every member gets that fault. On PostgreSQL it is a
     /// transaction of its own. The hot paths (ACK batches, claims,
-    /// materialization, publishes) write through here.
+    /// materialization, publishes) write through here; on SQLite their
+    /// statements run in place on the round's connection
+    /// ([`WriteTxn::sqlite`], decision 0095).
     pub async fn write<T, E, F>(&self, body: F) -> Result<T, E>
     where
         E: WriteError,
-        F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
+        F: for<'t> AsyncFnMut(&'t WriteTxn) -> Result<T, E>,
     {
         match &self.rounds {
             Some(rounds) => rounds.run(self, body).await,
@@ -606,6 +619,26 @@ mod tests {
         assert_eq!(round_path("sqlite::memory:"), None);
         assert_eq!(round_path("sqlite:x.db?mode=memory"), None);
         assert_eq!(round_path("sqlite:x.db?immutable=true"), None);
+    }
+
+    #[tokio::test]
+    async fn an_sqlite_database_that_is_not_a_file_is_refused_at_start_naming_the_key() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite:x.db?mode=memory",
+            "sqlite:x.db?immutable=true",
+        ] {
+            let err = Database::connect(&DatabaseSettings {
+                url: url.to_owned(),
+                max_connections: 2,
+            })
+            .await
+            .unwrap_err();
+            assert!(
+                matches!(&err, StoreError::Config(m) if m.contains("database.url")),
+                "{url}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use crate::store::StoreError;
 use std::{collections::HashSet, time::Duration};
 
-use sea_orm::{DatabaseTransaction, DbErr};
+use sea_orm::DbErr;
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -17,8 +17,9 @@ use crate::{
     error::{Error, Result},
     journal::{self, NewResult},
     store::{
-        Commitment, Database, WriteError,
+        Commitment, Database, WriteError, WriteTxn,
         idempotency::{self, WriteIdentity},
+        sqlite,
         writer::batch_or_each,
     },
 };
@@ -166,13 +167,16 @@ impl WriteError for Undone {
 
 /// The statements of [`publish_batch`], inside `txn`.
 async fn publish_in(
-    txn: &DatabaseTransaction,
+    txn: &WriteTxn,
     requests: &[PublishRequest],
     ttl: Duration,
     t: Timestamp,
 ) -> std::result::Result<Vec<Option<Result<Published>>>, Undone> {
     let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
-    let live = idempotency::live_records(txn, &identities, t).await?;
+    let live = match txn.sqlite(|conn| sqlite::publish::live_records(conn, &identities, t)) {
+        Some(live) => live?,
+        None => idempotency::live_records(&**txn, &identities, t).await?,
+    };
     let mut outcomes: Vec<Option<Result<Published>>> = vec![None; requests.len()];
     let mut seen = HashSet::new();
     let mut fresh = Vec::new();
@@ -200,7 +204,10 @@ async fn publish_in(
         .iter()
         .map(|&i| (&requests[i].queue_id, requests[i].results.as_slice()))
         .collect();
-    let appended = journal::append_many(txn, &appends, t).await?;
+    let appended = match txn.sqlite(|conn| sqlite::publish::append_many(conn, &appends, t)) {
+        Some(appended) => appended?,
+        None => journal::append_many(&**txn, &appends, t).await?,
+    };
     let mut finished = Vec::with_capacity(fresh.len());
     for (&i, events) in fresh.iter().zip(appended) {
         match events {
@@ -219,7 +226,12 @@ async fn publish_in(
         .iter()
         .map(|(i, data)| (&requests[*i].identity, 201, data))
         .collect();
-    let inserted = idempotency::insert_finished(txn, &records, t, t.plus(ttl)).await?;
+    let expires_at = t.plus(ttl);
+    let inserted =
+        match txn.sqlite(|conn| sqlite::publish::insert_finished(conn, &records, t, expires_at)) {
+            Some(inserted) => inserted?,
+            None => idempotency::insert_finished(&**txn, &records, t, expires_at).await?,
+        };
     if inserted != records.len() as u64 {
         return Err(Undone::KeyRecordedMeanwhile);
     }

@@ -1,5 +1,6 @@
 //! ACK tallies (decision 0094): on PostgreSQL an ACK batch records what it
-//! takes off each subscription's `pending_count` as a row of its own, and
+//! takes off each subscription's `pending_count` as a row of its own (in
+//! its one statement, `ack::write_acks`), and
 //! the next materialization, which holds the subscription row lock anyway,
 //! folds those rows in. An ACK then never waits for that lock, which a
 //! claim holds through its commit's WAL flush (stack-notes "Hot row").
@@ -7,49 +8,13 @@
 //! `pending_count` subtract what is not folded yet ([`settle`]).
 
 use crate::store::StoreError;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use entity::{ack_tally, subscription};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, ExprTrait, QueryFilter, QuerySelect, Set,
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect,
     sea_query::{Expr, Func},
 };
-
-/// Records an ACK batch's `(subscription id, ACKs)` for the counter:
-/// PostgreSQL inserts one tally per subscription (one statement), SQLite
-/// subtracts from `pending_count` in place.
-pub(crate) async fn record<C: ConnectionTrait>(
-    txn: &C,
-    per_subscription: &BTreeMap<&str, i64>,
-) -> Result<(), StoreError> {
-    if per_subscription.is_empty() {
-        return Ok(());
-    }
-    if txn.get_database_backend() == DbBackend::Postgres {
-        let rows = per_subscription
-            .iter()
-            .map(|(id, n)| ack_tally::ActiveModel {
-                subscription_id: Set((*id).to_owned()),
-                acked: Set(*n),
-                ..Default::default()
-            });
-        ack_tally::Entity::insert_many(rows)
-            .exec_without_returning(txn)
-            .await?;
-        return Ok(());
-    }
-    for (subscription_id, n) in per_subscription {
-        subscription::Entity::update_many()
-            .col_expr(
-                subscription::Column::PendingCount,
-                Expr::col(subscription::Column::PendingCount).sub(*n),
-            )
-            .filter(subscription::Column::Id.eq(*subscription_id))
-            .exec(txn)
-            .await?;
-    }
-    Ok(())
-}
 
 /// Deletes the subscription's tallies and returns their sum: the ACKs to
 /// take off its `pending_count` in the same transaction. Call only while

@@ -92,9 +92,12 @@ fn member(db: &Database, queue_id: &str, kind: Member) -> HeldMember {
                     details: r["details"].to_string(),
                     snapshot: r["snapshot"].to_string(),
                 };
-                let appended =
-                    journal::append_many(txn, &[(&queue_id, std::slice::from_ref(&result))], now())
-                        .await?;
+                let appended = journal::append_many(
+                    &**txn,
+                    &[(&queue_id, std::slice::from_ref(&result))],
+                    now(),
+                )
+                .await?;
                 sequences = appended
                     .into_iter()
                     .flatten()

@@ -147,6 +147,17 @@ impl Direct {
         }
     }
 
+    /// Runs `f` in place on the round's connection, inside its
+    /// transaction: the hot statements without sea-orm (decision 0095).
+    pub(crate) fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, crate::store::StoreError>,
+    ) -> Result<T, crate::store::StoreError> {
+        let state = self.state();
+        let conn = state.conn.as_ref().ok_or_else(closed)?;
+        f(conn)
+    }
+
     fn run<T>(
         &self,
         statement: &Statement,
@@ -616,6 +627,12 @@ fn exec_err(err: rusqlite::Error, exec: bool) -> DbErr {
     } else {
         DbErr::Query(runtime)
     }
+}
+
+/// A failed statement of the hot path (decision 0095) as the writer's
+/// fault rules read it: an SQLite error keeps its extended code.
+pub(crate) fn sqlite_error(err: rusqlite::Error) -> crate::store::StoreError {
+    exec_err(err, true).into()
 }
 
 /// An error opening a round connection: an SQLite one keeps its code

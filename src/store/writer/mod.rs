@@ -12,8 +12,8 @@ use std::{
 };
 
 use sea_orm::{
-    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, RuntimeErr, SqliteTransactionMode,
-    TransactionOptions, TransactionTrait,
+    DatabaseConnection, DbBackend, DbErr, RuntimeErr, SqliteTransactionMode, TransactionOptions,
+    TransactionTrait,
 };
 
 mod batch;
@@ -27,6 +27,7 @@ pub use super::error::{StoreError, WriteError, log_failure};
 pub use batch::{BatchLimits, GroupCommit, batch_or_each};
 use direct::Direct;
 pub(super) use direct::RoundSettings;
+pub(crate) use direct::sqlite_error;
 pub use health::{FaultCause, WriterHealth, WriterStats, fault_cause};
 pub use txn::WriteTxn;
 use txn::{Unfinished, execute_checkpoint};
@@ -304,7 +305,7 @@ impl Writer {
     pub async fn write_alone<T, E, F>(&self, body: F) -> Result<T, E>
     where
         E: WriteError,
-        F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
+        F: for<'t> AsyncFnOnce(&'t WriteTxn) -> Result<T, E>,
     {
         let txn = self.begin().await?;
         match body(&txn).await {
@@ -326,7 +327,7 @@ impl Writer {
     pub async fn write_again<T, E, F>(&self, mut body: F) -> Result<T, E>
     where
         E: WriteError,
-        F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
+        F: for<'t> AsyncFnMut(&'t WriteTxn) -> Result<T, E>,
     {
         let mut attempt = 1;
         loop {

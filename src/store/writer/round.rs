@@ -14,7 +14,6 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
 };
 
-use sea_orm::DatabaseTransaction;
 use tokio::sync::{Notify, watch};
 
 use super::{StoreError, WriteError, WriteTxn, direct::Direct};
@@ -74,16 +73,18 @@ impl Rounds {
     /// Runs `body` as a member of the current round (or of a new one) on
     /// `db`'s writer; see the module documentation for the guarantees. A
     /// member whose round another member spoiled runs `body` again, alone
-    /// in a transaction of its own; one whose own body asks to run again
-    /// ([`super::runs_again`]) takes a seat in a later round.
+    /// in a round of its own (so on the same connection, decision 0095);
+    /// one whose own body asks to run again ([`super::runs_again`]) takes a
+    /// seat in a later round.
     pub(crate) async fn run<T, E, F>(&self, db: &Database, mut body: F) -> Result<T, E>
     where
         E: WriteError,
-        F: for<'t> AsyncFnMut(&'t DatabaseTransaction) -> Result<T, E>,
+        F: for<'t> AsyncFnMut(&'t WriteTxn) -> Result<T, E>,
     {
         let mut attempt = 1;
+        let mut alone = false;
         loop {
-            let mut seat = self.take_seat(db);
+            let mut seat = self.take_seat(db, alone);
             let round = seat.round.clone();
             let mut phase = round.phase.subscribe();
             let opened = phase
@@ -133,15 +134,17 @@ impl Rounds {
                     return Err(fault.into());
                 }
                 // Spoiled by another member: rolled back, nothing of this
-                // one was written; it runs again alone below.
-                (_, Ok(Phase::Done(Err(_)))) if round.spoiled() => break,
+                // one was written; it runs again alone, where another
+                // member's failure never becomes this one's outcome.
+                (_, Ok(Phase::Done(Err(_)))) if round.spoiled() && !alone => {
+                    alone = true;
+                    continue;
+                }
                 // The commit failed: rolled back for every member.
                 (_, Ok(Phase::Done(Err(err)))) => return Err(err.into()),
                 _ => return Err(round.abandon().await.into()),
             }
         }
-        // Alone: another member's failure never becomes this one's outcome.
-        db.writer.write_alone(async |txn| body(txn).await).await
     }
 
     /// Rounds started so far (each one `BEGIN`, at most one `COMMIT`).
@@ -163,10 +166,11 @@ impl Rounds {
     }
 
     /// A seat in the round that admits newcomers, or in a new round whose
-    /// driver starts now and begins once the writer is free.
-    fn take_seat(&self, db: &Database) -> Seat {
+    /// driver starts now and begins once the writer is free; `alone`: in a
+    /// new round that admits nobody else.
+    fn take_seat(&self, db: &Database, alone: bool) -> Seat {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(round) = current.as_ref() {
+        if let Some(round) = current.as_ref().filter(|_| !alone) {
             let mut seats = round.seats.lock().unwrap_or_else(PoisonError::into_inner);
             if !seats.closed && !seats.spoiled && seats.taken < MAX_SEATS {
                 seats.taken += 1;
@@ -186,7 +190,9 @@ impl Rounds {
             phase: watch::Sender::new(Phase::Forming),
             left: Notify::new(),
         });
-        *current = Some(round.clone());
+        if !alone {
+            *current = Some(round.clone());
+        }
         self.started.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(drive(round.clone(), db.clone()));
         Seat {
@@ -429,7 +435,7 @@ mod tests {
 
     /// One write of one row named `name`.
     async fn write_name(db: &Database, name: &str) -> Result<(), StoreError> {
-        db.write::<_, StoreError, _>(async |txn| insert(txn, name).await)
+        db.write::<_, StoreError, _>(async |txn| insert(&**txn, name).await)
             .await
     }
 
@@ -448,7 +454,7 @@ mod tests {
         let (mut inserted, mut released) = (Some(inserted), Some(released));
         let first = tokio::spawn(async move {
             db.write::<_, StoreError, _>(async move |txn| {
-                insert(txn, "a").await?;
+                insert(&**txn, "a").await?;
                 if let Some(inserted) = inserted.take() {
                     let _ = inserted.send(());
                 }
@@ -481,8 +487,8 @@ mod tests {
                 db.write::<_, StoreError, _>(async |txn| {
                     // The first write's row, not yet committed: the same
                     // transaction.
-                    let seen = names(txn).await;
-                    insert(txn, "b").await?;
+                    let seen = names(&**txn).await;
+                    insert(&**txn, "b").await?;
                     Ok(seen)
                 })
                 .await
@@ -519,7 +525,7 @@ mod tests {
             let db = db.clone();
             tokio::spawn(async move {
                 db.write::<_, StoreError, _>(async |txn| {
-                    insert(txn, "b").await?;
+                    insert(&**txn, "b").await?;
                     Err::<(), _>(StoreError::invariant("rejected"))
                 })
                 .await
@@ -529,10 +535,11 @@ mod tests {
         release.send(()).unwrap();
         let failing = failing.await.unwrap().unwrap_err();
         assert!(failing.to_string().contains("rejected"), "{failing}");
-        // The first write's round was rolled back; it ran again alone.
+        // The first write's round was rolled back; it ran again alone, in
+        // a round of its own on the same connection.
         first.await.unwrap().unwrap();
         assert_eq!(names(db.reader()).await, vec!["a"]);
-        assert_eq!(db.write_rounds_started(), 1);
+        assert_eq!(db.write_rounds_started(), 2);
         write_name(&db, "c").await.unwrap();
         assert_eq!(names(db.reader()).await, vec!["a", "c"]);
     }
@@ -547,7 +554,7 @@ mod tests {
         let second = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write::<_, StoreError, _>(async |txn| insert(txn, "b").await)
+                db.write::<_, StoreError, _>(async |txn| insert(&**txn, "b").await)
                     .await
             })
         };
@@ -580,7 +587,7 @@ mod tests {
                     let mut inserted = Some(inserted);
                     tokio::spawn(async move {
                         db.write::<_, StoreError, _>(async move |txn| {
-                            insert(txn, "a").await?;
+                            insert(&**txn, "a").await?;
                             if let Some(inserted) = inserted.take() {
                                 let _ = inserted.send(());
                             }
@@ -599,7 +606,7 @@ mod tests {
         let second = {
             let db = db.clone();
             tokio::spawn(async move {
-                db.write::<_, StoreError, _>(async |txn| insert(txn, "b").await)
+                db.write::<_, StoreError, _>(async |txn| insert(&**txn, "b").await)
                     .await
             })
         };
@@ -638,7 +645,7 @@ mod tests {
                 fails,
                 tokio::spawn(async move {
                     db.write::<_, StoreError, _>(async move |txn| {
-                        insert(txn, &name).await?;
+                        insert(&**txn, &name).await?;
                         tokio::task::yield_now().await;
                         if fails {
                             return Err(StoreError::invariant("rejected"));

@@ -71,6 +71,17 @@ impl Deref for WriteTxn {
 }
 
 impl WriteTxn {
+    /// SQLite: runs `f` in place on the write round's connection, inside
+    /// this transaction (decision 0095); `None` on PostgreSQL. Statements
+    /// of `f` and those run through the sea-orm transaction interleave on
+    /// one connection.
+    pub fn sqlite<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>,
+    ) -> Option<Result<T, StoreError>> {
+        self.direct.as_ref().map(|direct| direct.with_conn(f))
+    }
+
     /// False once SQLite rolled the transaction back by itself (always true
     /// on PostgreSQL, which says so at the next statement or `COMMIT`).
     pub fn intact(&self) -> bool {
