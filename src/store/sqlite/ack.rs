@@ -24,12 +24,12 @@ pub const READ: &str = "SELECT subscription_id, event_id, state, lease_epoch, le
 pub const REVOKED: &str = "SELECT revoked_at IS NOT NULL FROM credentials WHERE id = ?1";
 /// The ACK, on the row (delivery-model.md §2). The lease's session stays
 /// on the row; the ACK's is recorded only when it differs (decision 0081).
-pub const ACK: &str = "UPDATE deliveries SET state = 'ACKED', acknowledged_at = ?1, \
+pub const ACK: &str = "UPDATE OR FAIL deliveries SET state = 'ACKED', acknowledged_at = ?1, \
      ack_epoch = lease_epoch, ack_session_id = NULLIF(?2, lease_session_id), \
      revision = revision + 1 WHERE id = ?3";
 /// A subscription's backlog counter after its ACKs.
 pub const PENDING_COUNT: &str =
-    "UPDATE subscriptions SET pending_count = pending_count - ?1 WHERE id = ?2";
+    "UPDATE OR FAIL subscriptions SET pending_count = pending_count - ?1 WHERE id = ?2";
 
 /// Decides and writes each request of the batch in order, at `at`: one
 /// outcome per request, and the refused ones for the history. Two requests

@@ -48,7 +48,7 @@ macro_rules! delivery_columns {
 
 /// Leases one picked row to a session; returns the row.
 pub const LEASE: &str = concat!(
-    "UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
+    "UPDATE OR FAIL deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
      attempts = attempts + 1, revision = revision + 1, leased_at = ?1, lease_until = ?2, \
      lease_session_id = ?3, lease_digest = ?4 WHERE id = ?5 RETURNING ",
     delivery_columns!()

@@ -26,7 +26,7 @@ pub const READ_AFTER: &str = "SELECT id, sequence, type FROM result_events WHERE
              AND sequence > ?2 AND sequence <= ?3 ORDER BY sequence LIMIT ?4";
 
 /// One delivery row.
-pub const INSERT: &str = "INSERT INTO deliveries (id, subscription_id, event_id, sequence, revision, state, \
+pub const INSERT: &str = "INSERT OR FAIL INTO deliveries (id, subscription_id, event_id, sequence, revision, state, \
              available_at, lease_epoch, leased_at, lease_until, lease_digest, lease_session_id, \
              attempts, attempt_budget, acknowledged_at, ack_epoch, ack_session_id, created_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL, NULL, \
@@ -34,7 +34,7 @@ pub const INSERT: &str = "INSERT INTO deliveries (id, subscription_id, event_id,
 
 /// The subscription's cursor and backlog counter.
 pub const ADVANCE: &str =
-    "UPDATE subscriptions SET cursor_sequence = ?1, pending_count = ?2 WHERE id = ?3";
+    "UPDATE OR FAIL subscriptions SET cursor_sequence = ?1, pending_count = ?2 WHERE id = ?3";
 
 /// The subscription, its queue's position and up to `batch` entries after
 /// its cursor up to the head (none when the cursor is below the floor).

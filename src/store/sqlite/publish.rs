@@ -26,16 +26,16 @@ pub const READ_RECORD: &str = "SELECT id, operation, target, request_digest, sta
          created_at FROM idempotency_records WHERE key = ?1 AND credential_id = ?2";
 
 /// A queue's counter row: its head moves by the entries appended.
-pub const ADVANCE_HEAD: &str = "UPDATE queues SET head_sequence = head_sequence + ?1 WHERE id = ?2 \
+pub const ADVANCE_HEAD: &str = "UPDATE OR FAIL queues SET head_sequence = head_sequence + ?1 WHERE id = ?2 \
              RETURNING head_sequence";
 
 /// One journal entry.
-pub const APPEND: &str = "INSERT INTO result_events (id, queue_id, sequence, type, aggregate_kind, aggregate_id, \
+pub const APPEND: &str = "INSERT OR FAIL INTO result_events (id, queue_id, sequence, type, aggregate_kind, aggregate_id, \
          aggregate_revision, occurred_at, details, snapshot, appended_at, created_at) \
          VALUES (?1, ?2, ?3, ?4, 'task', ?5, ?6, ?7, ?8, ?9, ?10, ?10)";
 
 /// A finished write's idempotency record.
-pub const RECORD: &str = "INSERT INTO idempotency_records (id, credential_id, key, operation, target, \
+pub const RECORD: &str = "INSERT OR FAIL INTO idempotency_records (id, credential_id, key, operation, target, \
          request_digest, status, response, expires_at, created_at) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
          ON CONFLICT (key, credential_id) DO NOTHING";

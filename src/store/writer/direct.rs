@@ -2,10 +2,12 @@
 //! rounds own (decision 0090). sqlx runs each statement on its
 //! connection's worker thread, one hand-off per statement and per row; a
 //! round runs every member's statements through rusqlite on the task's own
-//! thread, behind a sea-orm mock connection so the bodies keep their
-//! queries, and its `BEGIN IMMEDIATE` (which may wait for a lock) and
-//! `COMMIT` (the fsync) on a blocking thread. The connection, and the statements it keeps prepared,
-//! live across rounds; its hooks feed the writer's health (0076).
+//! thread: the hot ones directly (decision 0095), the rest behind a
+//! sea-orm mock connection so their bodies keep their queries. Its
+//! `BEGIN IMMEDIATE` and `COMMIT` run in place too, `BEGIN` on a blocking
+//! thread only when another process holds the write lock (decision 0096).
+//! The connection, and the statements it keeps prepared, live across
+//! rounds; its hooks feed the writer's health (0076).
 
 use std::{
     borrow::Cow,
@@ -43,6 +45,8 @@ struct State {
     failure: Option<DbErr>,
     /// `BEGIN IMMEDIATE` ran before the mock transaction began.
     begun: bool,
+    /// How long `BEGIN IMMEDIATE` may wait for another process's lock.
+    busy_timeout: std::time::Duration,
     /// Nested transactions a member began (refused, see `begin`).
     nested: usize,
 }
@@ -55,11 +59,12 @@ impl fmt::Debug for Direct {
 
 impl Direct {
     /// A runner on `conn`, an open round connection ([`open`]).
-    pub(crate) fn new(conn: rusqlite::Connection) -> Direct {
+    pub(crate) fn new(conn: rusqlite::Connection, busy_timeout: std::time::Duration) -> Direct {
         Direct(Arc::new(Mutex::new(State {
             conn: Some(conn),
             failure: None,
             begun: false,
+            busy_timeout,
             nested: 0,
         })))
     }
@@ -84,24 +89,51 @@ impl Direct {
         conn.is_autocommit().then_some(conn)
     }
 
-    /// Runs `BEGIN IMMEDIATE` on a blocking thread: it may wait up to the
-    /// busy timeout for another process's write lock, which must not stall
-    /// the runtime the round's members run on. The mock transaction's own
-    /// `begin` then does nothing.
+    /// Runs `BEGIN IMMEDIATE`: in place when the file's write lock is free
+    /// (always, unless a command such as `bootstrap` writes beside the
+    /// node), else on a blocking thread, where it may wait up to the busy
+    /// timeout without stalling the runtime the round's members run on.
+    /// The mock transaction's own `begin` then does nothing.
     pub(crate) async fn begin(&self) -> Result<(), DbErr> {
-        self.off_thread("BEGIN IMMEDIATE").await?;
+        if !self.begin_in_place()? {
+            self.off_thread("BEGIN IMMEDIATE").await?;
+        }
         self.state().begun = true;
         Ok(())
     }
 
-    /// Runs `COMMIT` on a blocking thread, so that its fsync does not stall
-    /// the members' runtime; not when a member failed the round (a nested
-    /// transaction).
-    pub(crate) async fn commit(&self) -> Result<(), DbErr> {
+    /// `BEGIN IMMEDIATE` without waiting for a lock: false when another
+    /// connection holds it (SQLITE_BUSY), and nothing began.
+    fn begin_in_place(&self) -> Result<bool, DbErr> {
+        let state = self.state();
+        let conn = state.conn.as_ref().ok_or_else(closed)?;
+        conn.busy_timeout(std::time::Duration::ZERO)
+            .map_err(|e| exec_err(e, true))?;
+        let begun = conn.execute_batch("BEGIN IMMEDIATE");
+        conn.busy_timeout(state.busy_timeout)
+            .map_err(|e| exec_err(e, true))?;
+        match begun {
+            Ok(()) => Ok(true),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(exec_err(e, true)),
+        }
+    }
+
+    /// Runs `COMMIT` in place; not when a member failed the round (a
+    /// nested transaction). Its fsync holds this thread, but the next
+    /// round could not begin before it anyway, and a hand-off to another
+    /// thread and back cost more than the stall (decision 0096).
+    pub(crate) fn commit(&self) -> Result<(), DbErr> {
         if let Some(failure) = self.take_failure() {
             return Err(failure);
         }
-        self.off_thread("COMMIT").await
+        let state = self.state();
+        let conn = state.conn.as_ref().ok_or_else(closed)?;
+        conn.execute_batch("COMMIT").map_err(|e| exec_err(e, true))
     }
 
     /// Ends a nested transaction of a member (see `begin`): true when one

@@ -17,6 +17,7 @@ use sea_orm::{
 };
 
 mod batch;
+mod checkpoints;
 mod direct;
 mod health;
 pub mod queues;
@@ -44,6 +45,8 @@ pub struct Writer {
     /// SQLite on a file: the connection write rounds run on (decision
     /// 0090).
     rounds: Option<Arc<RoundConnection>>,
+    /// SQLite on a file: its WAL's background checkpoints (decision 0096).
+    checkpoints: Option<Arc<checkpoints::Checkpoints>>,
     /// SQLite: held by a write transaction from its `BEGIN` to its end, a
     /// round's or one through sqlx, so the two connections never contend
     /// for SQLite's one writer.
@@ -116,6 +119,9 @@ impl Writer {
             backend,
             health,
             files: files.map(Arc::new),
+            checkpoints: rounds
+                .clone()
+                .map(|settings| Arc::new(checkpoints::Checkpoints::new(settings))),
             rounds: rounds.map(|settings| {
                 Arc::new(RoundConnection {
                     settings,
@@ -145,7 +151,10 @@ impl Writer {
             .take();
         match idle {
             Some((opened, conn)) if opened == generation => {
-                return Some(Ok((generation, Direct::new(conn.0))));
+                return Some(Ok((
+                    generation,
+                    Direct::new(conn.0, rounds.settings.busy_timeout),
+                )));
             }
             Some(_) => self.round_connection_lost(),
             None => {}
@@ -161,7 +170,7 @@ impl Writer {
             });
         Some(
             opened
-                .map(|conn| (generation, Direct::new(conn)))
+                .map(|conn| (generation, Direct::new(conn, rounds.settings.busy_timeout)))
                 .map_err(|err| self.fault(err)),
         )
     }
@@ -219,6 +228,14 @@ impl Writer {
         let free = rustix::fs::statvfs(&files.dir)
             .map_or(u64::MAX, |s| s.f_bavail.saturating_mul(s.f_frsize));
         free < wal.saturating_add(WAL_HEADROOM)
+    }
+
+    /// SQLite on a file, after a round committed: a checkpoint in the
+    /// background when the WAL has grown (decision 0096).
+    pub(super) fn checkpoint_in_background(&self) {
+        if let (Some(checkpoints), Some(files)) = (&self.checkpoints, &self.files) {
+            checkpoints.after_commit(files);
+        }
     }
 
     pub(super) fn connection(&self) -> &DatabaseConnection {

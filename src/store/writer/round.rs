@@ -329,6 +329,9 @@ async fn drive(round: Arc<Round>, db: Database) {
         None => Err(abandoned()),
     };
     drop(closing);
+    if outcome.is_ok() {
+        writer.checkpoint_in_background();
+    }
     if let Err(err) = &outcome
         && err.fault().is_some()
     {
@@ -502,6 +505,60 @@ mod tests {
         assert_eq!(second.await.unwrap().unwrap(), vec!["a".to_owned()]);
         assert_eq!(names(db.reader()).await, vec!["a", "b"]);
         assert_eq!(db.write_rounds_started(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_round_waits_for_another_processs_write_lock_and_then_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        // Another process (say `bootstrap`) writing beside the node.
+        let other = rusqlite::Connection::open(dir.path().join("w.db")).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let write = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                db.write::<_, StoreError, _>(async |txn| insert(&**txn, "a").await)
+                    .await
+            })
+        };
+        // Its BEGIN waits on a blocking thread, not on this runtime.
+        let_others_run().await;
+        assert!(!write.is_finished());
+        other
+            .execute_batch("INSERT INTO t (name) VALUES ('o'); COMMIT")
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), write)
+            .await
+            .expect("the round never began")
+            .unwrap()
+            .unwrap();
+        assert_eq!(names(db.reader()).await, vec!["a", "o"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wal_past_8_mib_is_checkpointed_into_the_database_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        let file = dir.path().join("w.db");
+        let big = "x".repeat(256 * 1024);
+        // 12 MiB of WAL, well below SQLite's own checkpoint (32 MiB).
+        for i in 0..48 {
+            write_name(&db, &format!("{i:02}{big}")).await.unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // Another round after the WAL grew starts the checkpoint.
+            write_name(&db, "z").await.unwrap();
+            let copied = std::fs::metadata(&file).unwrap().len();
+            if copied >= 8 << 20 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the database file stayed at {copied} bytes"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]

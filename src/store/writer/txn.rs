@@ -97,10 +97,10 @@ impl WriteTxn {
         // The turn is held until after the checkpoint below.
         let (txn, direct, _turn, confirming) = self.ready_to_commit()?.split();
         let done = match &direct {
-            // A round's: `COMMIT` on a blocking thread; its mock transaction
-            // then ends with nothing left to do.
+            // A round's: `COMMIT` in place on the round's connection; its
+            // mock transaction then ends with nothing left to do.
             Some(direct) => {
-                let done = direct.commit().await;
+                let done = direct.commit();
                 drop(txn);
                 done
             }
