@@ -287,11 +287,16 @@ async fn find(
     let Some(position) = journal::position_for_materialize(txn, &queue_id).await? else {
         return Ok(Found::Idle);
     };
-    let folded = tallies::fold(txn, &sub.id).await?;
-    let entries = if sub.cursor_sequence < position.floor {
-        Vec::new()
+    // A history gap writes nothing, so it folds nothing either: a fold
+    // deletes the tallies, and only the counter row written by `store`
+    // takes them off `pending_count`.
+    let (folded, entries) = if sub.cursor_sequence < position.floor {
+        (0, Vec::new())
     } else {
-        journal::read_after(txn, &queue_id, sub.cursor_sequence, position.head, batch).await?
+        (
+            tallies::fold(txn, &sub.id).await?,
+            journal::read_after(txn, &queue_id, sub.cursor_sequence, position.head, batch).await?,
+        )
     };
     let sub = Materializing {
         id: sub.id,
