@@ -346,16 +346,20 @@ async fn no_valid_frame_within_the_read_idle_timeout_closes_with_1001_and_websoc
     }
 }
 
+/// protocol.md §3: an ACK leaves the read queue once it has joined the
+/// group commit; ACKs waiting for their commit are bounded by the
+/// capacity; past that an ACK holds its read permit, and once four frames
+/// are held further frames wait unread, never dropped.
 #[actix_web::test]
-async fn at_most_four_requests_are_processed_at_once_and_further_frames_wait_unread_but_are_never_dropped()
+async fn acks_waiting_for_their_commit_leave_the_read_queue_up_to_the_capacity_and_further_frames_wait_unread_but_are_never_dropped()
  {
     let app = spawn_app().await;
     let cred = app.bootstrap().await;
     let sub = subscription(&app, &cred).await;
-    publish_n(&app, &cred, 4, "task.succeeded").await;
-    let mut ws = app.bind(&cred.token, &sub, 4).await;
+    publish_n(&app, &cred, 6, "task.succeeded").await;
+    let mut ws = app.bind(&cred.token, &sub, 6).await;
     let mut deliveries = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..6 {
         deliveries.push(ws.delivery().await);
     }
 
@@ -366,34 +370,37 @@ async fn at_most_four_requests_are_processed_at_once_and_further_frames_wait_unr
         sent.push(f["message_id"].clone());
         f
     };
-    // Three ACKs wait on the database: a ping (the fourth request) is still
-    // read and answered.
-    for d in &deliveries[..3] {
+    // Six ACKs wait on the database, more than the read queue holds: a
+    // ping is still read and answered.
+    for d in &deliveries {
         let f = send_ack(&mut ws, d);
         ws.send_json(f).await;
     }
     ping_expect_ack(&mut ws).await;
-    // A fourth waiting ACK fills the read queue: the next ping stays unread.
-    let f = send_ack(&mut ws, &deliveries[3]);
-    ws.send_json(f).await;
+    // The capacity (6) is taken: four more ACKs (the first one again) each
+    // wait for a place holding a read permit, and the next ping stays unread.
+    for _ in 0..4 {
+        let f = send_ack(&mut ws, &deliveries[0]);
+        ws.send_json(f).await;
+    }
     let ping = ws.envelope("events.ping", json!({}));
     let ping_id = ping["message_id"].clone();
     ws.send_json(ping).await;
     assert!(
         ws.recv_within(Duration::from_millis(700)).await.is_none(),
-        "a fifth request was processed while four were in processing"
+        "a frame was read while four ACKs waited for a place among the capacity"
     );
 
     block.release().await;
     let mut replies = std::collections::HashMap::new();
-    while replies.len() < 5 {
+    while replies.len() < 11 {
         let f = ws.frame().await;
         replies.insert(f["reply_to"].as_str().unwrap().to_owned(), f);
     }
-    for id in &sent {
+    for (n, id) in sent.iter().enumerate() {
         let reply = &replies[id.as_str().unwrap()];
         assert_eq!(reply["type"], "ack", "{reply:#}");
-        assert_eq!(reply["body"]["deduplicated"], false);
+        assert_eq!(reply["body"]["deduplicated"], n >= 6, "{reply:#}");
     }
     assert_eq!(replies[ping_id.as_str().unwrap()]["type"], "ack");
     app.assert_invariants().await;

@@ -116,9 +116,27 @@ impl<R: 'static, O: 'static> GroupCommit<R, O> {
     /// Hands `request` to the task and waits for its outcome; `None` when
     /// the task has stopped (the node is stopping) before answering.
     pub async fn submit(&self, request: R) -> Option<O> {
+        self.join(request).await?.outcome().await
+    }
+
+    /// Hands `request` to the task and returns once it has joined the
+    /// queue (waiting for room past `channel`), before its batch runs;
+    /// `None` when the task has stopped.
+    pub async fn join(&self, request: R) -> Option<Joined<O>> {
         let (reply, answer) = oneshot::channel();
         self.tx.send(Waiting { request, reply }).await.ok()?;
-        answer.await.ok()
+        Some(Joined(answer))
+    }
+}
+
+/// A request that has joined a [`GroupCommit`]: its outcome comes after
+/// its batch's commit.
+pub struct Joined<O>(oneshot::Receiver<O>);
+
+impl<O> Joined<O> {
+    /// The outcome; `None` when the task stopped before answering.
+    pub async fn outcome(self) -> Option<O> {
+        self.0.await.ok()
     }
 }
 

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use sea_orm::DbBackend;
 
-use super::batch::{BatchLimits, GroupCommit};
+use super::batch::{BatchLimits, GroupCommit, Joined};
 use crate::{
     domain::QueueId,
     error::{Error, Result},
@@ -93,13 +93,12 @@ impl Queues {
         Queues { acks, publishes }
     }
 
-    /// Acknowledges one delivery; answers after the transaction holding this
-    /// ACK committed (or failed: nothing of it was written).
-    pub async fn acknowledge(&self, request: AckRequest) -> Result<AckOutcome, StoreError> {
-        self.acks
-            .submit(request)
-            .await
-            .unwrap_or(Err(StoreError::Stopping))
+    /// Hands one ACK to the group commit and returns once it has joined it
+    /// (protocol.md §3: the read queue takes the next frame from then on);
+    /// [`JoinedAck::outcome`] answers after the transaction holding it
+    /// committed (or failed: nothing of it was written).
+    pub async fn join_ack(&self, request: AckRequest) -> JoinedAck {
+        JoinedAck(self.acks.join(request).await)
     }
 
     /// Publishes one request; answers after its commit.
@@ -108,6 +107,20 @@ impl Queues {
             .submit(request)
             .await
             .unwrap_or_else(|| Err(Error::from(StoreError::Stopping)))
+    }
+}
+
+/// An ACK in the group commit ([`Queues::join_ack`]).
+pub struct JoinedAck(Option<Joined<Result<AckOutcome, StoreError>>>);
+
+impl JoinedAck {
+    /// The ACK's outcome, after its commit; `Stopping` when the node
+    /// stopped first.
+    pub async fn outcome(self) -> Result<AckOutcome, StoreError> {
+        match self.0 {
+            Some(joined) => joined.outcome().await.unwrap_or(Err(StoreError::Stopping)),
+            None => Err(StoreError::Stopping),
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! `requests.rs` the hello, ACK and ping requests, `deliveries.rs` the
 //! leases a claim brings.
 //! The actor never awaits the database inside a handler: requests run as
-//! spawned futures (each holding a read-queue permit) whose results come
-//! back to it. Every log line of a connection carries its `session_id`
+//! spawned futures (each holding a read-queue permit, an ACK only until
+//! it has joined the group commit) whose results come back to it. Every log line of a connection carries its `session_id`
 //! (a span per connection; architecture.md §6).
 
 use std::{
@@ -85,6 +85,9 @@ struct Bound {
     subscription_id: SubscriptionId,
     queue_id: QueueId,
     capacity: u32,
+    /// One permit per ACK waiting for its commit, `capacity` in all
+    /// (protocol.md §3: those ACKs no longer hold the read queue).
+    acks_waiting: Arc<Semaphore>,
 }
 
 enum Phase {
@@ -114,7 +117,8 @@ pub struct ConnectionActor {
     /// polls every pending timer of a context on each of its wakes.
     lapse_timer: Option<SpawnHandle>,
     last_reported_room: Option<u32>,
-    /// Hello, ACK and ping futures running (each holds a read permit).
+    /// Hello, ACK and ping futures running (each holds a read permit, an
+    /// ACK only until it has joined the group commit).
     in_flight: usize,
     /// The node is stopping: no new frames are taken; once `in_flight` is
     /// 0 the connection closes with 1001.

@@ -105,6 +105,7 @@ impl ConnectionActor {
                     subscription_id: hello.subscription_id.clone(),
                     queue_id: queue_id.clone(),
                     capacity,
+                    acks_waiting: Arc::new(Semaphore::new(capacity as usize)),
                 });
                 self.send_now(ctx, welcome);
                 if self.draining {
@@ -194,14 +195,20 @@ impl ConnectionActor {
                 epoch: ack.epoch,
                 secret: ack.lease_secret,
             };
-            let outcome = writes
-                .acknowledge(AckRequest {
+            // protocol.md §3: at most `capacity` ACKs wait for their commit;
+            // past that this one waits here, holding its read permit.
+            let waiting = bound.acks_waiting.clone().acquire_owned().await;
+            let joined = writes
+                .join_ack(AckRequest {
                     subscription_id: bound.subscription_id.clone(),
                     session_id: bound.session_id.clone(),
                     credential_id,
                     proof: proof.clone(),
                 })
                 .await;
+            // In the group commit: the read queue takes the next frame.
+            drop(permit);
+            let outcome = joined.outcome().await;
             let text = match &outcome {
                 Ok(AckOutcome::Acked {
                     event_id,
@@ -248,9 +255,10 @@ impl ConnectionActor {
                 }
             };
             // The reply leaves only after the commit; waiting for room here
-            // holds the read permit, which is the backpressure.
+            // holds the ACK's place among the `capacity` waiting, which is
+            // the backpressure on a client that does not read.
             let queued = socket::queue_text(&tx, text, timeout).await;
-            drop(permit);
+            drop(waiting);
             (outcome, queued)
         };
         self.in_flight += 1;
