@@ -21,7 +21,7 @@ use crate::{
     delivery::{
         listener::{self, Announcer},
         pool::{GetPoolStats, LeasePoolActor, PoolLimits},
-        scanner::{JournalAppended, ScannerActor},
+        scanner::{JournalAppended, JournalCommitted, ScannerActor},
         sweeper::SweeperActor,
     },
     domain::{NodeId, now},
@@ -29,7 +29,10 @@ use crate::{
     metrics::Metrics,
     node::{DeliveryThread, Shutdown},
     state::AppState,
-    store::{Database, retention, sessions, writer::queues::Queues},
+    store::{
+        Database, retention, sessions,
+        writer::queues::{AppendPhase, Queues},
+    },
 };
 
 /// How long a stopping node waits for its connections to finish their
@@ -157,19 +160,44 @@ impl Application {
             if shared {
                 listener::start_listener(listen_url, node_id, scanner.clone());
             }
-            // Every fresh publish wakes the scanner and is counted, after
-            // its commit, whether or not its caller still waits.
+            // Every fresh publish wakes the scanner and is counted, whether
+            // or not its caller still waits. On SQLite the wake comes once
+            // its statements ran, so that the claim it starts can share its
+            // commit (decision 0098), and the commit marks the queue's
+            // subscriptions for materialization; on PostgreSQL a claim sees
+            // only committed rows, so the wake follows the commit.
             let appended = scanner.clone();
+            let wake_before_commit = !shared;
             let writes = Queues::start(
                 queues_db,
                 idempotency_ttl,
-                Arc::new(move |queue_id, n| {
-                    metrics_for_publishes.appended(queue_id, n);
-                    appended.do_send(JournalAppended {
-                        queue_id: queue_id.clone(),
-                        entries: n,
-                    });
-                }),
+                Arc::new(
+                    move |queue_id, n, phase| match (phase, wake_before_commit) {
+                        (AppendPhase::Written { batch }, true) => {
+                            appended.do_send(JournalAppended {
+                                queue_id: queue_id.clone(),
+                                entries: n,
+                                batch: Some(batch),
+                            });
+                        }
+                        (AppendPhase::Written { .. }, false) => {}
+                        (AppendPhase::Committed { batch }, before) => {
+                            metrics_for_publishes.appended(queue_id, n);
+                            if before {
+                                appended.do_send(JournalCommitted {
+                                    queue_id: queue_id.clone(),
+                                    batch,
+                                });
+                            } else {
+                                appended.do_send(JournalAppended {
+                                    queue_id: queue_id.clone(),
+                                    entries: n,
+                                    batch: None,
+                                });
+                            }
+                        }
+                    },
+                ),
             );
             (pool, scanner, sweeper, writes)
         })

@@ -65,13 +65,28 @@ pub struct Demand {
     pub room: u32,
 }
 
-/// New entries were appended to `queue_id`'s log.
+/// New entries were appended to `queue_id`'s log on this node: committed
+/// on PostgreSQL; on SQLite written in the open write round, whose commit
+/// a claim started now can still share (decision 0098).
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct JournalAppended {
     pub queue_id: QueueId,
-    /// How many (committed on this node).
+    /// How many.
     pub entries: u64,
+    /// SQLite: the publish batch, whose [`JournalCommitted`] follows.
+    pub batch: Option<u64>,
+}
+
+/// The transaction holding appends to `queue_id` committed (SQLite, where
+/// [`JournalAppended`] came before the commit, decision 0098): the queue's
+/// subscriptions are due a materialization pass, which now sees the rows.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct JournalCommitted {
+    pub queue_id: QueueId,
+    /// The publish batch of the [`JournalAppended`] before it.
+    pub batch: u64,
 }
 
 /// Something freed room or made deliveries available on a subscription
@@ -143,6 +158,10 @@ struct SubscriptionEntry {
     /// Entries appended on this node to the queue since the last round
     /// (0: none, or only wakes whose count is unknown).
     appended: u64,
+    /// The publish batch of the last [`JournalAppended`] (SQLite).
+    appended_batch: Option<u64>,
+    /// The publish batch whose entries were left to a session's claim.
+    claimed_batch: Option<u64>,
     /// The last materialization read every entry up to the head: until an
     /// append (or the timer), an ACK frees room but finds nothing to read,
     /// so it needs no materialization, only a claim.
@@ -272,6 +291,7 @@ impl ScannerActor {
                 // at most `appended` new rows, so one new row still wakes
                 // one claim and an ACK's wake none (decision 0064).
                 if waiting && !s.window_full && appended > 0 {
+                    s.claimed_batch = s.appended_batch;
                     let known = s.known_available.map(|a| a + appended);
                     s.may_have_pending();
                     s.known_available = known;
@@ -469,6 +489,8 @@ impl Handler<SessionBound> for ScannerActor {
                     sessions: VecDeque::new(),
                     dirty: true,
                     appended: 0,
+                    appended_batch: None,
+                    claimed_batch: None,
                     caught_up: false,
                     maybe_pending: true,
                     known_available: None,
@@ -553,6 +575,26 @@ impl Handler<JournalAppended> for ScannerActor {
             if sub.queue_id == msg.queue_id {
                 sub.dirty = true;
                 sub.appended += msg.entries;
+                sub.appended_batch = msg.batch;
+                any = true;
+            }
+        }
+        if any {
+            self.kick(ctx);
+        }
+    }
+}
+
+impl Handler<JournalCommitted> for ScannerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: JournalCommitted, ctx: &mut Context<Self>) {
+        let mut any = false;
+        for sub in self.subscriptions.values_mut() {
+            // A subscription whose session claim took this batch's
+            // entries (in the same round or after it) needs nothing more.
+            if sub.queue_id == msg.queue_id && sub.claimed_batch != Some(msg.batch) {
+                sub.dirty = true;
                 any = true;
             }
         }

@@ -113,9 +113,10 @@ async fn publish_batch(
     db: &Database,
     requests: &[PublishRequest],
     ttl: Duration,
+    written: &Written<'_>,
 ) -> Result<Vec<Option<Result<Published>>>, StoreError> {
     let t = now();
-    db.write(async |txn| publish_in(txn, requests, ttl, t).await)
+    db.write(async |txn| publish_in(txn, requests, ttl, t, written).await)
         .await
         .map_err(|undone| match undone {
             Undone::Failed(err) => err,
@@ -171,6 +172,7 @@ async fn publish_in(
     requests: &[PublishRequest],
     ttl: Duration,
     t: Timestamp,
+    written: &Written<'_>,
 ) -> std::result::Result<Vec<Option<Result<Published>>>, Undone> {
     let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
     let live = match txn.sqlite(|conn| sqlite::publish::live_records(conn, &identities, t)) {
@@ -246,28 +248,37 @@ async fn publish_in(
     if abandoned {
         return Err(Undone::AbandonedMeanwhile);
     }
+    for (i, _) in &finished {
+        written(&requests[*i].queue_id, requests[*i].results.len() as u64);
+    }
     Ok(outcomes)
 }
+
+/// Told of each fresh request's queue and result count once its statements
+/// ran, before the `COMMIT` (each time they run: a batch can run again).
+pub type Written<'a> = dyn Fn(&QueueId, u64) + Sync + 'a;
 
 /// One outcome per request, in order: the requests share one transaction
 /// ([`publish_batch`]) under the writer's batch rule ([`batch_or_each`]: a
 /// fault fails them all, a request the database refuses runs again alone);
 /// then the repeats of a key within the batch, each alone after the commit,
-/// as a repeat of the first.
+/// as a repeat of the first. `written` hears of the appends before their
+/// commit (decision 0098); nothing it is told is durable yet.
 pub async fn publish_each(
     db: &Database,
     requests: &[PublishRequest],
     ttl: Duration,
+    written: &Written<'_>,
 ) -> Vec<Result<Published>> {
     let outcomes = batch_or_each("publish batch", requests, async |batch| {
-        publish_batch(db, batch, ttl).await
+        publish_batch(db, batch, ttl, written).await
     })
     .await;
     let mut out = Vec::with_capacity(requests.len());
     for (request, outcome) in requests.iter().zip(outcomes) {
         out.push(match outcome {
             Ok(Some(outcome)) => outcome,
-            Ok(None) => publish_batch(db, std::slice::from_ref(request), ttl)
+            Ok(None) => publish_batch(db, std::slice::from_ref(request), ttl, written)
                 .await
                 .map_err(Error::from)
                 .and_then(|mut o| {

@@ -459,7 +459,13 @@ mod publishes {
         let q = cred.queue_id.clone();
         let unknown_queue = "0".repeat(32);
 
-        let earlier = publish_each(&app.db, &[request(&cred, "k0", &q, "a", 1)], TTL).await;
+        let earlier = publish_each(
+            &app.db,
+            &[request(&cred, "k0", &q, "a", 1)],
+            TTL,
+            &|_, _| {},
+        )
+        .await;
         assert_eq!(sequences(earlier[0].as_ref().unwrap()), vec![1]);
 
         let batch = vec![
@@ -471,7 +477,7 @@ mod publishes {
             request(&cred, "k1", &q, "other", 1),         // its key, another request
             request(&cred, "k3", &q, "d", 1),             // fresh, after the first
         ];
-        let out = publish_each(&app.db, &batch, TTL).await;
+        let out = publish_each(&app.db, &batch, TTL, &|_, _| {}).await;
         assert_eq!(out.len(), batch.len());
 
         assert_eq!(sequences(out[0].as_ref().unwrap()), vec![2, 3]);

@@ -152,6 +152,42 @@ async fn a_waiting_sessions_claim_inserts_a_new_result_already_leased_in_one_wri
     app.assert_invariants().await;
 }
 
+/// Decision 0098 (SQLite): a result published while a session waits is
+/// leased in its publish's own write round, so one commit lies between the
+/// publish and its `event.deliver` (the claim woken by the publish takes a
+/// seat before the round closes), and the deliver still follows it.
+#[actix_web::test]
+async fn a_result_published_while_a_session_waits_is_leased_by_its_publishs_own_commit() {
+    if skip_unless_backend("sqlite", "write rounds exist on SQLite only") {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let s = create_sub(&app, &cred, json!({})).await;
+    // Capacity 1: once leased, the session asks for nothing more.
+    let mut ws = app.bind(&cred.token, &s, 1).await;
+    crate::protocol_support::claims_settled(&app, 1).await;
+    let before = app.state.db.write_rounds_started();
+    app.publish(&cred, vec![result(&cred.queue_id, "task.succeeded")])
+        .await;
+    let d = ws.delivery().await;
+    assert_eq!(d["body"]["delivery"]["state"], "LEASED");
+    assert_eq!(
+        app.state.db.write_rounds_started() - before,
+        1,
+        "the publish and the claim it woke share one round (one commit)"
+    );
+    // Committed before it was announced: the row is there, LEASED.
+    let id = d["body"]["delivery"]["id"].as_str().unwrap();
+    assert_eq!(
+        app.column::<String>(&format!("SELECT state FROM deliveries WHERE id = '{id}'"))
+            .await,
+        vec!["LEASED".to_owned()]
+    );
+    assert_eq!(ws.ack(&d).await["type"], "ack");
+    app.assert_invariants().await;
+}
+
 /// Decision 0094 (stack-notes "Hot row"): on PostgreSQL an ACK does not
 /// write the subscription row, so it never waits for that row's lock,
 /// which a claim that materializes holds through its commit. What it takes

@@ -111,7 +111,7 @@ async fn a_request_whose_deadline_passes_while_its_batch_waits_for_a_lock_is_lef
     let (blocker, txn) = hold_appends(&app, &cred.queue_id).await;
     let db = app.db.clone();
     let batch = actix_web::rt::spawn(async move {
-        publish_each(&db, &[late, kept], Duration::from_secs(3600)).await
+        publish_each(&db, &[late, kept], Duration::from_secs(3600), &|_, _| {}).await
     });
     eventually("the batch waits for the queue row", || async {
         let waiting = app

@@ -69,24 +69,30 @@ async fn an_ack_that_shares_a_commit_with_a_claim_the_database_rejects_is_still_
         .send(HoldClaims(Some(HoldPoint::InsideTransaction)))
         .await
         .unwrap();
-    publish_n(&app, &rejected, 1, "task.succeeded").await;
-    let pool = &app.state.pool;
-    wait_until("the rejected subscription's claim is held", || async move {
-        pool.send(GetPoolStats).await.unwrap().claims_in_flight == 1
-    })
-    .await;
+    // On SQLite the publish shares its round with the claim it woke
+    // (decision 0098), so it is answered once that claim ran on.
+    let publishing = publish_n(&app, &rejected, 1, "task.succeeded");
     let ack = ws.envelope("event.ack", proof(&d));
     let ack_id = ack["message_id"].clone();
-    ws.send_json(ack).await;
-    if backend_name() == "sqlite" {
-        let db = &app.state.db;
-        wait_until("the ACK took a seat in the claim's round", || async move {
-            db.write_round_seated() == 2
+    let acking = async {
+        let pool = &app.state.pool;
+        wait_until("the rejected subscription's claim is held", || async move {
+            pool.send(GetPoolStats).await.unwrap().claims_in_flight == 1
         })
         .await;
-    }
-    // The claim runs on and the database rejects it.
-    app.state.pool.send(HoldClaims(None)).await.unwrap();
+        let db = &app.state.db;
+        let seated = db.write_round_seated();
+        ws.send_json(ack).await;
+        if backend_name() == "sqlite" {
+            wait_until("the ACK took a seat in the claim's round", || async move {
+                db.write_round_seated() == seated + 1
+            })
+            .await;
+        }
+        // The claim runs on and the database rejects it.
+        app.state.pool.send(HoldClaims(None)).await.unwrap();
+    };
+    tokio::join!(publishing, acking);
 
     let reply = ws.frame().await;
     assert_eq!(reply["type"], "ack", "{reply:#}");

@@ -2,7 +2,13 @@
 //! together: ACKs and publishes (decision 0078). Each is a [`GroupCommit`]
 //! on the delivery thread whose batches run under [`batch_or_each`].
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use sea_orm::DbBackend;
 
@@ -39,10 +45,22 @@ const PUBLISH_BATCHES_IN_FLIGHT: usize = 1;
 /// Publish requests waiting beyond the running batch (backpressure past it).
 const PUBLISH_CHANNEL: usize = 1024;
 
-/// Told, after the commit, of every fresh publish: its queue and how many
-/// results it appended (the node wakes its scanner and counts them here, so
-/// that a caller that stopped waiting loses neither).
-pub type OnAppended = Arc<dyn Fn(&QueueId, u64) + Send + Sync>;
+/// Told of every fresh publish: its queue, how many results it appended,
+/// and whether that is [`AppendPhase::Written`] or
+/// [`AppendPhase::Committed`] (the node wakes its scanner and counts them
+/// here, so that a caller that stopped waiting loses neither).
+pub type OnAppended = Arc<dyn Fn(&QueueId, u64, AppendPhase) + Send + Sync>;
+
+/// When [`OnAppended`] hears of an append; `batch` numbers the publish
+/// batch (per node, from 0), the same in both phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendPhase {
+    /// Its statements ran in a transaction not yet committed (each time
+    /// they run; the transaction may still roll back).
+    Written { batch: u64 },
+    /// Its transaction committed (once).
+    Committed { batch: u64 },
+}
 
 /// The write queues of one node (cheap to clone).
 #[derive(Clone, Debug)]
@@ -71,6 +89,7 @@ impl Queues {
                 },
             )
         };
+        let batches = Arc::new(AtomicU64::new(0));
         let publishes = GroupCommit::start(
             BatchLimits {
                 slots: PUBLISH_BATCHES_IN_FLIGHT,
@@ -79,11 +98,17 @@ impl Queues {
             },
             move |requests: Vec<PublishRequest>| {
                 let (db, on_appended) = (db.clone(), on_appended.clone());
+                let batch = batches.fetch_add(1, Ordering::Relaxed);
                 async move {
-                    let outcomes = publish::publish_each(&db, &requests, idempotency_ttl).await;
+                    let written = |queue_id: &QueueId, n: u64| {
+                        on_appended(queue_id, n, AppendPhase::Written { batch });
+                    };
+                    let outcomes =
+                        publish::publish_each(&db, &requests, idempotency_ttl, &written).await;
                     for (request, outcome) in requests.iter().zip(&outcomes) {
                         if let Ok(Published::Fresh(_)) = outcome {
-                            on_appended(&request.queue_id, request.results.len() as u64);
+                            let n = request.results.len() as u64;
+                            on_appended(&request.queue_id, n, AppendPhase::Committed { batch });
                         }
                     }
                     outcomes

@@ -7,7 +7,10 @@
 //! and the others run again alone (no savepoints: after a fault SQLite has
 //! rolled the whole transaction back, and later statements would commit on
 //! their own). A round seats at most [`MAX_SEATS`] members and begins as
-//! soon as the previous one committed, so grouping costs no waiting.
+//! soon as the previous one committed, so grouping costs no waiting; once
+//! its members have left it yields to its thread a few times before it
+//! closes, so that writes already runnable there (the claim its publish
+//! woke) share its commit (decision 0098).
 
 use std::sync::{
     Arc, Mutex, PoisonError,
@@ -21,6 +24,12 @@ use crate::store::Database;
 
 /// Members of one round at most.
 pub const MAX_SEATS: usize = 32;
+
+/// Yields, with every seated member gone and nobody new, before a round
+/// closes (decision 0098): enough for a claim woken by a publish of the
+/// round to reach its seat through the scanner and the pool, which run on
+/// the same thread. No timer: an idle node commits at once.
+const LATE_SEAT_YIELDS: u32 = 3;
 
 /// The rounds of one SQLite database (one per [`Database`]).
 #[derive(Debug, Default)]
@@ -308,16 +317,33 @@ async fn drive(round: Arc<Round>, db: Database) {
         Err(err) => return failed_to_begin(&round, err),
     }
     round.phase.send_replace(Phase::Open);
+    // Once everyone has left, the round yields a few times before it
+    // closes: work already runnable on this thread (the claim a publish of
+    // this round woke, an ACK batch) takes a seat and shares the commit.
+    let mut quiet_yields = 0;
+    let mut seen = 0;
     let (rolled_back, fault) = loop {
         let left = round.left.notified();
-        {
+        let all_left = {
             let mut seats = round.seats.lock().unwrap_or_else(PoisonError::into_inner);
             if seats.left == seats.taken {
-                seats.closed = true;
-                break (seats.spoiled, seats.fault.clone());
+                if seats.taken > seen {
+                    seen = seats.taken;
+                    quiet_yields = 0;
+                }
+                if quiet_yields == LATE_SEAT_YIELDS || seats.spoiled || seats.taken >= MAX_SEATS {
+                    seats.closed = true;
+                    break (seats.spoiled, seats.fault.clone());
+                }
             }
+            seats.left == seats.taken
+        };
+        if all_left {
+            quiet_yields += 1;
+            tokio::task::yield_now().await;
+        } else {
+            left.await;
         }
-        left.await;
     };
     let txn = round.txn.lock().await.take();
     let outcome = match txn {
