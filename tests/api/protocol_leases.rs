@@ -140,15 +140,16 @@ async fn wait_until_short_of(until: i64, before: i64) {
 
 /// The connection forgets each lapsed lease at its own deadline (one timer
 /// at the earliest, set again for the next), so each gives its room back
-/// then. Three leases a second apart fill the capacity and none is ACKed:
-/// each comes back before the next one lapsed.
+/// then. Three leases two seconds apart fill the capacity and none is
+/// ACKed: each comes back before the next one lapsed. (Seconds apart, so
+/// that a loaded machine's stall does not lapse two at once.)
 #[actix_web::test]
 async fn each_lapsed_lease_of_a_connection_gives_its_room_back_at_its_own_deadline() {
-    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 3_000, 3).await;
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 6_000, 3).await;
     let mut held = Vec::new();
     for _ in 0..3 {
         if let Some(last) = held.last() {
-            wait_until_short_of(lease_until(last), 2_000_000).await;
+            wait_until_short_of(lease_until(last), 4_000_000).await;
         }
         publish_one(&app, &cred, "task.succeeded").await;
         held.push(ws.delivery().await);
@@ -184,10 +185,11 @@ async fn each_lapsed_lease_of_a_connection_gives_its_room_back_at_its_own_deadli
 #[actix_web::test]
 async fn a_connection_whose_earliest_lease_was_acked_still_forgets_its_later_lease_when_it_lapses()
 {
-    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 1_000, 2).await;
+    let (app, cred, _, mut ws) = bound_session(|s| s.timing.lease_ms = 2_000, 2).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let a = ws.delivery().await;
-    wait_until_short_of(lease_until(&a), 500_000).await;
+    // a's ACK must arrive before it lapses: a second to spare.
+    wait_until_short_of(lease_until(&a), 1_000_000).await;
     publish_one(&app, &cred, "task.succeeded").await;
     let b = ws.delivery().await;
     let ok = ws.ack(&a).await;
