@@ -71,9 +71,10 @@ impl LogPosition {
 /// It sends no wake itself, so the transaction takes no lock beyond the
 /// counter row; after commit the caller wakes the scanner: inside a node
 /// with [`crate::delivery::scanner::JournalAppended`] (which the scanner
-/// also announces to the other nodes), outside a node with
-/// [`notify_appended`]. Without a wake the fallback poll still finds the
-/// entries.
+/// also announces to the other nodes; on SQLite the node's own publishes
+/// send it before their commit and `JournalCommitted` after, decision
+/// 0098), outside a node with [`notify_appended`]. Without a wake the
+/// fallback poll still finds the entries.
 ///
 /// Returns the new events' ids and sequences in order, or `Ok(None)` when
 /// the queue does not exist.

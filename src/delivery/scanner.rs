@@ -575,6 +575,12 @@ impl Handler<JournalAppended> for ScannerActor {
             if sub.queue_id == msg.queue_id {
                 sub.dirty = true;
                 sub.appended += msg.entries;
+                // The same batch again: it runs again (a round spoiled, a
+                // request refused), in a transaction the claim that took
+                // it may not have seen; its commit marks the subscription.
+                if msg.batch.is_some() && sub.claimed_batch == msg.batch {
+                    sub.claimed_batch = None;
+                }
                 sub.appended_batch = msg.batch;
                 any = true;
             }

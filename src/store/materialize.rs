@@ -55,7 +55,9 @@ pub struct Materialized {
 /// A subscription whose cursor is already at its queue's head (as the last
 /// commit left them) is answered from two reads, without taking the write
 /// transaction: the scanner is woken after every append commits, so there
-/// is nothing to materialize until the next wake.
+/// is nothing to materialize until the next wake (on SQLite a publish also
+/// wakes it before its commit, when this may still answer "caught up"; the
+/// wake after the commit then marks the subscription again, decision 0098).
 pub async fn materialize(
     db: &Database,
     subscription_id: &SubscriptionId,

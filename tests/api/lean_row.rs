@@ -177,7 +177,7 @@ async fn a_result_published_while_a_session_waits_is_leased_by_its_publishs_own_
         1,
         "the publish and the claim it woke share one round (one commit)"
     );
-    // Committed before it was announced: the row is there, LEASED.
+    // The lease is in the database.
     let id = d["body"]["delivery"]["id"].as_str().unwrap();
     assert_eq!(
         app.column::<String>(&format!("SELECT state FROM deliveries WHERE id = '{id}'"))

@@ -313,3 +313,43 @@ async fn a_publish_whose_round_another_write_spoils_answers_the_events_and_seque
     );
     app.assert_invariants().await;
 }
+
+/// delivery-model.md §3 (nothing silently skipped), decision 0098: a
+/// publish wakes the scanner before its commit, so a waiting session's
+/// claim can share that commit. When another member spoils the round, the
+/// publish runs again alone and commits later; its result still reaches the
+/// waiting session at once, not on the fallback poll (600 s here).
+#[actix_web::test]
+async fn a_result_whose_publish_ran_again_after_its_round_was_spoiled_still_reaches_the_waiting_session()
+ {
+    if skip_without_rounds() {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let q = cred.queue_id.clone();
+    let sub: Value = app.subscribe(&cred, json!({})).await;
+    let mut ws = app.bind(&cred.token, sub["id"].as_str().unwrap(), 1).await;
+    crate::protocol_support::claims_settled(&app, 1).await;
+    let path = format!("/v1/queues/{q}/results");
+    let body = json!({ "results": [result(&q, "task.succeeded")] });
+
+    // Round: a member holding it open, the publish, a member that fails.
+    let (holder, mut holder_began, release) = member(&app.state.db, &q, Member::Waits);
+    holder_began.recv().await.unwrap();
+    let publish = spawn_post(&app, &path, &cred.token, "rerun", &body);
+    seated(&app, 2).await;
+    let (failing, _, _) = member(&app.state.db, &q, Member::Fails);
+    seated(&app, 3).await;
+    release.send(()).unwrap();
+    assert!(failing.await.unwrap().is_err());
+    holder.await.unwrap().unwrap();
+    let res = publish.await.unwrap();
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    let (event_id, _) = events_of(&res).remove(0);
+
+    let d = ws.delivery().await;
+    assert_eq!(d["body"]["event"]["id"], event_id.as_str(), "{d:#}");
+    assert_eq!(ws.ack(&d).await["type"], "ack");
+    app.assert_invariants().await;
+}

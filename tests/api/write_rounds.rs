@@ -71,16 +71,25 @@ async fn an_ack_that_shares_a_commit_with_a_claim_the_database_rejects_is_still_
         .unwrap();
     // On SQLite the publish shares its round with the claim it woke
     // (decision 0098), so it is answered once that claim ran on.
-    let publishing = publish_n(&app, &rejected, 1, "task.succeeded");
+    let published = std::sync::atomic::AtomicBool::new(false);
+    let publishing = async {
+        publish_n(&app, &rejected, 1, "task.succeeded").await;
+        published.store(true, std::sync::atomic::Ordering::SeqCst);
+    };
     let ack = ws.envelope("event.ack", proof(&d));
     let ack_id = ack["message_id"].clone();
     let acking = async {
-        let pool = &app.state.pool;
+        let (pool, db, published) = (&app.state.pool, &app.state.db, &published);
+        // Held with its seat taken: in the publish's round (2 seats, the
+        // publish unanswered), or alone once the publish committed (1).
         wait_until("the rejected subscription's claim is held", || async move {
+            let seated = db.write_round_seated();
             pool.send(GetPoolStats).await.unwrap().claims_in_flight == 1
+                && (backend_name() != "sqlite"
+                    || seated == 2
+                    || (seated == 1 && published.load(std::sync::atomic::Ordering::SeqCst)))
         })
         .await;
-        let db = &app.state.db;
         let seated = db.write_round_seated();
         ws.send_json(ack).await;
         if backend_name() == "sqlite" {
