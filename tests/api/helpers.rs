@@ -107,7 +107,7 @@ pub async fn spawn_app_with(customize: impl FnOnce(&mut Settings)) -> TestApp {
         port,
         db,
         state,
-        http: reqwest::Client::new(),
+        http: test_http_client(),
         settings,
         _node: node,
         _dir: dir,
@@ -703,4 +703,16 @@ pub fn skip_unless_backend(backend: &str, why: &str) -> bool {
 pub fn report(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The tests' HTTP client. Its idle connections are dropped after 2 s,
+/// before the node's keep-alive (actix-web's 5 s) closes them: a request
+/// sent on a connection the node is closing at that instant fails with a
+/// connection reset (seen once in a browser test that idles between
+/// requests).
+pub fn test_http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build()
+        .expect("build the tests' HTTP client")
 }

@@ -584,7 +584,7 @@ async fn an_append_on_node_1_reaches_a_consumer_on_node_3_through_notify_long_be
             ws
         }));
     }
-    let http = reqwest::Client::new();
+    let http = crate::helpers::test_http_client();
     let ports = [cluster.nodes[0].port];
     let mut latencies = Vec::with_capacity(PROBES);
     let mut deliveries = Vec::new();
@@ -776,7 +776,7 @@ async fn three_nodes_started_at_once_on_a_fresh_database_all_migrate_it_and_serv
     let dir = tempfile::tempdir().unwrap();
     let url = fresh_database_url(&dir).await;
     let nodes = futures_util::future::join_all((0..3).map(|i| Node::start(i, &url, &[]))).await;
-    let http = reqwest::Client::new();
+    let http = crate::helpers::test_http_client();
     for node in &nodes {
         let res = http
             .get(format!("http://127.0.0.1:{}/readyz", node.port))

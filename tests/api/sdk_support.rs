@@ -293,7 +293,7 @@ impl ServerProcess {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let http = reqwest::Client::new();
+        let http = crate::helpers::test_http_client();
         let deadline = Instant::now() + DEADLINE;
         loop {
             if let Ok(res) = http.get(format!("{}/readyz", self.address())).send().await
