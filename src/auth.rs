@@ -66,7 +66,7 @@ pub async fn authenticate(req: &HttpRequest, db: &Database) -> Result<Principal>
 
 /// Resolves a bearer token to its principal (401 when unknown or revoked).
 pub async fn authenticate_token(token: &str, db: &Database) -> Result<Principal> {
-    tenancy::principal_by_token_digest(db.reader(), &token_digest(token))
+    tenancy::principal_by_token_digest(db, &token_digest(token))
         .await?
         .ok_or_else(|| Error::unauthenticated("unknown or revoked credential"))
 }

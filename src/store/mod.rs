@@ -4,10 +4,12 @@
 //! [`Database`] owns the connection pools. On SQLite every write runs on a
 //! single writer connection with `BEGIN IMMEDIATE` (stack-notes.md: pooled
 //! writers fight over the file lock and a deferred read→write upgrade fails
-//! with "database is locked"); reads use the rest of the pool. On PostgreSQL
-//! one pool serves both and the transaction mode is ignored. Every write
-//! transaction begins and ends in [`writer`], which trusts a write
-//! connection only as far as the database confirms it (decision 0076).
+//! with "database is locked"); reads use the rest of the pool, except the
+//! credential lookup of each request, which runs in place (decision 0099).
+//! On PostgreSQL one pool serves both and the transaction mode is ignored.
+//! Every write transaction begins and ends in [`writer`], which trusts a
+//! write connection only as far as the database confirms it (decision
+//! 0076).
 
 pub mod ack;
 pub mod audit;
@@ -56,6 +58,8 @@ pub struct Database {
     backend: DbBackend,
     /// SQLite: the write rounds of [`Database::write`] (decision 0068).
     rounds: Option<Arc<writer::round::Rounds>>,
+    /// SQLite: connections for [`Database::read_in_place`] (decision 0099).
+    readers: Option<Arc<sqlite::reads::Readers>>,
 }
 
 /// SQLite waits this long for a lock held by another process (e.g. the
@@ -97,6 +101,7 @@ impl Database {
                 writer: Writer::new(conn, DbBackend::Postgres, Arc::default(), None, None),
                 backend: DbBackend::Postgres,
                 rounds: None,
+                readers: None,
             })
         } else {
             Err(StoreError::Config(format!(
@@ -149,6 +154,7 @@ impl Database {
         let read =
             sea_orm::Database::connect(pool(max_connections.saturating_sub(1).max(1))).await?;
         let files = sqlite_path(&url).map(writer::WalFiles::of);
+        let readers = Some(Arc::new(sqlite::reads::Readers::new(round_file.clone())));
         let rounds = Some(writer::RoundSettings {
             path: round_file,
             synchronous: match synchronous {
@@ -169,6 +175,7 @@ impl Database {
             read,
             backend: DbBackend::Sqlite,
             rounds: Some(Arc::default()),
+            readers,
         })
     }
 
@@ -314,6 +321,25 @@ impl Database {
     }
 
     /// The connection for reads outside a transaction.
+    /// SQLite: runs `read` on the calling thread, on a connection of its
+    /// own (decision 0099), for a read of a row or two that a request
+    /// needs before anything else; it takes no lock a writer needs and
+    /// never waits. `None` on PostgreSQL, or when the read failed (logged
+    /// at debug): the caller then reads through [`Database::reader`].
+    pub(crate) fn read_in_place<T>(
+        &self,
+        read: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>,
+    ) -> Option<T> {
+        let readers = self.readers.as_ref()?;
+        match readers.run(read) {
+            Ok(answer) => Some(answer),
+            Err(err) => {
+                tracing::debug!(error = %err, "an in-place read failed; reading through the pool");
+                None
+            }
+        }
+    }
+
     pub fn reader(&self) -> &DatabaseConnection {
         &self.read
     }

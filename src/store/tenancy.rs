@@ -16,7 +16,7 @@ use crate::{
         now,
     },
     domain::{Principal, generate_token, token_digest},
-    store::Database,
+    store::{Database, sqlite},
 };
 
 /// What `orbit-events bootstrap` prints: the token is shown only this once.
@@ -155,16 +155,23 @@ pub fn principal_of(cred: credential::Model) -> Option<Principal> {
     })
 }
 
-/// The principal of the credential whose token has `digest`, unless revoked.
-pub async fn principal_by_token_digest<C: ConnectionTrait>(
-    conn: &C,
+/// The principal of the credential whose token has `digest`, unless
+/// revoked. On SQLite the row is read in place on the calling thread
+/// (decision 0099), through the pool only when that read fails.
+pub async fn principal_by_token_digest(
+    db: &Database,
     digest: &str,
 ) -> Result<Option<Principal>, StoreError> {
-    Ok(credential::Entity::find()
-        .filter(credential::Column::TokenDigest.eq(digest))
-        .one(conn)
-        .await?
-        .and_then(principal_of))
+    let found = match db.read_in_place(|c| sqlite::reads::credential_by_token_digest(c, digest)) {
+        Some(found) => found,
+        None => {
+            credential::Entity::find()
+                .filter(credential::Column::TokenDigest.eq(digest))
+                .one(db.reader())
+                .await?
+        }
+    };
+    Ok(found.and_then(principal_of))
 }
 
 /// The current principal of a credential (`None` when unknown or revoked);

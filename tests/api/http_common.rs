@@ -46,6 +46,29 @@ async fn a_missing_malformed_unknown_or_revoked_token_gets_401_with_www_authenti
     app.assert_invariants().await;
 }
 
+/// The node reads the credential for each request (on SQLite in place,
+/// decision 0099) and keeps nothing of it: a revocation written by another
+/// connection, as `orbit-events credential revoke` writes it beside a
+/// running node, refuses the very next publish, which appends nothing.
+#[actix_web::test]
+async fn a_publish_after_its_credential_was_revoked_beside_the_node_gets_401_and_appends_nothing() {
+    let app = spawn_app().await;
+    let cred = app.bootstrap().await;
+    let path = format!("/v1/queues/{}/results", cred.queue_id);
+    let body = json!({ "results": [result(&cred.queue_id, "task.succeeded")] });
+    let res = app.post(&path, &cred.token, "k-before", &body).await;
+    assert_eq!(res.status, 201, "{:#}", res.body);
+    tenancy::revoke_credential(&app.db, &CredentialId::parse(&cred.credential_id).unwrap())
+        .await
+        .unwrap();
+    let before = fingerprint(&app).await;
+    let res = app.post(&path, &cred.token, "k-after", &body).await;
+    res.assert_error(401, "UNAUTHENTICATED");
+    assert_eq!(res.headers["www-authenticate"], "Bearer");
+    assert_eq!(fingerprint(&app).await, before, "a refused publish wrote");
+    app.assert_invariants().await;
+}
+
 #[actix_web::test]
 async fn a_token_is_never_accepted_in_the_url() {
     let app = spawn_app().await;

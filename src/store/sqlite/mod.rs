@@ -17,6 +17,7 @@ pub mod ack;
 pub mod claim;
 pub mod materialize;
 pub mod publish;
+pub mod reads;
 
 /// Every hot statement of this module, by name, as it is run: the
 /// history test explains each (`tests/api/history.rs`), so none walks the
@@ -42,6 +43,7 @@ pub const HOT_STATEMENTS: &[(&str, &str)] = &[
     ("publish::ADVANCE_HEAD", publish::ADVANCE_HEAD),
     ("publish::APPEND", publish::APPEND),
     ("publish::RECORD", publish::RECORD),
+    ("reads::PRINCIPAL", reads::PRINCIPAL),
 ];
 
 use rusqlite::{CachedStatement, Connection};
