@@ -2,7 +2,12 @@
 //! and the request metrics, written by the envelope middleware once the
 //! answer is known. Decision 0084 says why this is not a middleware crate.
 
-use std::time::{Duration, Instant};
+use std::{
+    cell::RefCell,
+    rc::Rc,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use actix_web::{
     HttpMessage,
@@ -26,28 +31,40 @@ pub struct Access {
     started: Instant,
     request_id: MessageId,
     method: &'static str,
-    /// The route template (`/v1/subscriptions/{id}`), if a route matches.
-    route: Option<String>,
-    /// The path, kept only when no route matches (a 404 worth seeing).
-    path: Option<String>,
+    /// Filled with the route template by the resource that takes the
+    /// request.
+    route: RouteSlot,
+    /// The path as the router matches it, logged when no route matched.
+    path: String,
     state: Option<web::Data<AppState>>,
+}
+
+/// Where the resource that takes a request writes its route template
+/// (`/v1/subscriptions/{id}`), from the guard `http::resource` gives it:
+/// the router has matched the path by then, so the line and the metrics
+/// need no second routing pass (one took 5 % of the HTTP workers' time at
+/// 1,000 publishes/s).
+#[derive(Clone, Debug, Default)]
+pub struct RouteSlot(Rc<RefCell<Option<Arc<str>>>>);
+
+impl RouteSlot {
+    /// Records `template` as the request's route.
+    pub fn fill(&self, template: &Arc<str>) {
+        *self.0.borrow_mut() = Some(template.clone());
+    }
 }
 
 impl Access {
     /// Starts timing `req`, answered under `request_id`.
     pub fn begin(req: &ServiceRequest, request_id: &MessageId) -> Access {
-        let route = req
-            .resource_map()
-            .match_pattern(req.path())
-            .map(|p| template(&p));
+        let route = RouteSlot::default();
+        req.extensions_mut().insert(route.clone());
         Access {
             started: Instant::now(),
             request_id: request_id.clone(),
             method: method_label(req.method()),
-            path: route
-                .is_none()
-                .then(|| logged_path(req.match_info().as_str())),
             route,
+            path: req.match_info().as_str().to_owned(),
             state: req.app_data::<web::Data<AppState>>().cloned(),
         }
     }
@@ -84,7 +101,10 @@ impl Access {
                 None,
             ),
         };
-        let route = self.route.as_deref().unwrap_or(UNMATCHED);
+        let matched = self.route.0.borrow_mut().take();
+        // The path only when no route matched (a 404 worth seeing).
+        let path = matched.is_none().then(|| logged_path(&self.path));
+        let route = matched.as_deref().unwrap_or(UNMATCHED);
         if let Some(state) = &self.state {
             state
                 .metrics
@@ -99,7 +119,7 @@ impl Access {
                     request_id = %self.request_id,
                     method = self.method,
                     route,
-                    path = self.path.as_deref(),
+                    path = path.as_deref(),
                     status = status.as_u16(),
                     code = code.map(ErrorCode::as_str),
                     duration_ms = millis(elapsed),
@@ -108,7 +128,7 @@ impl Access {
                     credential_id = credential_id.as_deref(),
                     "{} {} {}",
                     self.method,
-                    self.path.as_deref().unwrap_or(route),
+                    path.as_deref().unwrap_or(route),
                     status_text(status),
                 )
             };
@@ -122,7 +142,7 @@ impl Access {
 }
 
 /// `/v1/subscriptions/{id:[^/:]+}:configure` → `/v1/subscriptions/{id}:configure`.
-fn template(pattern: &str) -> String {
+pub fn template(pattern: &str) -> String {
     let mut out = String::with_capacity(pattern.len());
     let mut in_regex = false;
     let mut depth = 0u32;

@@ -18,6 +18,8 @@ pub mod subscriptions;
 pub mod unread_body;
 mod write;
 
+use std::sync::Arc;
+
 use actix_web::{HttpResponse, Route, web};
 
 use crate::{error::Error, ws};
@@ -126,15 +128,26 @@ fn resource(path: &str, routes: Vec<(&'static str, Route)>) -> actix_web::Resour
         .map(|(m, _)| *m)
         .collect::<Vec<_>>()
         .join(", ");
-    let mut res = web::resource(path);
     // A custom method (`…:configure`) is named by a literal colon; the
     // router matches the percent-decoded path, where `%3A` is a colon too.
-    if let Some(verb) = path.rsplit_once('}').and_then(|(_, v)| v.strip_prefix(':')) {
-        let suffix = format!(":{verb}");
-        res = res.guard(actix_web::guard::fn_guard(move |ctx| {
-            ctx.head().uri.path().ends_with(&suffix)
-        }));
-    }
+    let suffix = path
+        .rsplit_once('}')
+        .and_then(|(_, v)| v.strip_prefix(':'))
+        .map(|verb| format!(":{verb}"));
+    let template: Arc<str> = access_log::template(path).into();
+    // Passing, the guard makes this resource the request's route: it
+    // tells the access log which (`access_log::RouteSlot`).
+    let mut res = web::resource(path).guard(actix_web::guard::fn_guard(move |ctx| {
+        if let Some(suffix) = &suffix
+            && !ctx.head().uri.path().ends_with(suffix.as_str())
+        {
+            return false;
+        }
+        if let Some(slot) = ctx.req_data().get::<access_log::RouteSlot>() {
+            slot.fill(&template);
+        }
+        true
+    }));
     for (_, route) in routes {
         res = res.route(route);
     }
