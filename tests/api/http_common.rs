@@ -889,6 +889,8 @@ async fn a_percent_encoded_colon_does_not_name_a_custom_method_and_changes_nothi
     for path in [
         format!("/v1/subscriptions/{id}%3Aconfigure"),
         format!("/v1/subscriptions/{id}%3aconfigure"),
+        // The verb after a literal segment too: not the bulk retry.
+        format!("/v1/subscriptions/{id}/deliveries%3Aretry"),
     ] {
         let res = app.post(&path, &cred.token, &path, &body).await;
         res.assert_error(404, "NOT_FOUND");
