@@ -604,11 +604,8 @@ mod tests {
         assert!(!writer.commit(), "the writer lost: write nothing of it");
     }
 
-    /// Decision 0080: without the planner stability guarantee SQLite parses
-    /// and plans a statement again each time a new value is bound to its
-    /// `LIMIT ?`, which sea-orm binds in every `one()` and `limit(n)`.
-    #[tokio::test]
-    async fn sqlite_is_built_with_the_planner_stability_guarantee() {
+    /// `PRAGMA compile_options` of each pool of a fresh SQLite node.
+    async fn sqlite_compile_options() -> Vec<Vec<String>> {
         use sea_orm::{ConnectionTrait, Statement};
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("p.db").display());
@@ -618,9 +615,10 @@ mod tests {
         })
         .await
         .unwrap();
+        let mut out = Vec::new();
         for conn in [db.writer.connection(), &db.read] {
-            let options: Vec<String> = conn
-                .query_all_raw(Statement::from_string(
+            out.push(
+                conn.query_all_raw(Statement::from_string(
                     DbBackend::Sqlite,
                     "PRAGMA compile_options",
                 ))
@@ -628,10 +626,38 @@ mod tests {
                 .unwrap()
                 .iter()
                 .map(|r| r.try_get_by_index::<String>(0).unwrap())
-                .collect();
+                .collect(),
+            );
+        }
+        out
+    }
+
+    /// Decision 0080: without the planner stability guarantee SQLite parses
+    /// and plans a statement again each time a new value is bound to its
+    /// `LIMIT ?`, which sea-orm binds in every `one()` and `limit(n)`.
+    #[tokio::test]
+    async fn sqlite_is_built_with_the_planner_stability_guarantee() {
+        for options in sqlite_compile_options().await {
             assert!(
                 options.iter().any(|o| o == "ENABLE_QPSG"),
                 "SQLite was built without SQLITE_ENABLE_QPSG (.cargo/config.toml): {options:?}"
+            );
+        }
+    }
+
+    /// Decision 0102: SQLite's allocations and page-cache fetches take no
+    /// process-wide lock (no memory statistics, one page-cache group per
+    /// connection).
+    #[tokio::test]
+    async fn sqlite_allocations_take_no_process_wide_lock() {
+        for options in sqlite_compile_options().await {
+            assert!(
+                options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+                "SQLite keeps memory statistics (.cargo/config.toml): {options:?}"
+            );
+            assert!(
+                !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+                "SQLite shares one page-cache group (.cargo/config.toml): {options:?}"
             );
         }
     }
