@@ -142,6 +142,9 @@ struct SessionEntry {
     capacity: u32,
     room: u32,
     claiming: bool,
+    /// A claim leased to it and its connection has not yet reported the
+    /// room left after queueing those deliveries (`room` is 0 until then).
+    reporting: bool,
     /// The subscription's `generation` when the running claim was asked for.
     claim_generation: u64,
     connection: Recipient<ClaimResult>,
@@ -168,6 +171,17 @@ struct SubscriptionEntry {
     caught_up: bool,
     /// May have available PENDING rows (worth a claim).
     maybe_pending: bool,
+    /// A claim stopped below the head with every slot filled (decision
+    /// 0103): the entries after its cursor are the next claims' to insert.
+    left_behind: bool,
+    /// A claim found nothing to lease below a full backlog window: the next
+    /// round refills the window here, once (decision 0062); left to claims,
+    /// they would find it full again.
+    refill: bool,
+    /// Entries below the head were left to the claims of sessions with
+    /// room: if every session runs out of room first, the scanner
+    /// materializes them, so the backlog stays visible (decision 0103).
+    deferred: bool,
     /// The last materialization stopped at a full backlog window: ACKs
     /// count down `refill_in` before the next one (decision 0062).
     window_full: bool,
@@ -230,6 +244,13 @@ pub struct ScannerActor {
     app_subscriptions: HashMap<ApplicationId, VecDeque<SubscriptionId>>,
     round_running: bool,
     round_again: bool,
+    /// SQLite: claims insert only the rows they lease, and a subscription
+    /// with a session that has room is left to them (decision 0103). On
+    /// PostgreSQL, where a claim holds the subscription row lock while it
+    /// materializes and an application has one claim in flight, the
+    /// scanner materializes whole batches except for a waiting session's
+    /// appends (decision 0098's rule).
+    claims_lease_only: bool,
 }
 
 impl ScannerActor {
@@ -242,6 +263,7 @@ impl ScannerActor {
         metrics: Arc<Metrics>,
     ) -> ScannerActor {
         ScannerActor {
+            claims_lease_only: db.backend() == sea_orm::DbBackend::Sqlite,
             db,
             pool,
             claims_per_round,
@@ -270,35 +292,54 @@ impl ScannerActor {
     fn start_round(&mut self, ctx: &mut Context<Self>) {
         self.round_running = true;
         self.round_again = false;
-        // A subscription dirty from appends here, with a session waiting,
-        // is left to that session's claim, which materializes what it is
-        // short of in its own transaction (delivery-model.md §5): one
-        // commit less between an append and its `event.deliver`. The
-        // others are materialized here, so a backlog stays visible.
+        // A dirty subscription with a session that has room (idle, claiming
+        // and due to ask again, or about to report its room after a claim)
+        // and an open backlog window is left to the claims, which insert
+        // what they lease in their own transaction (delivery-model.md §5,
+        // decision 0103): one commit less between an append and its
+        // `event.deliver`, and one write per row instead of an insert and a
+        // lease. The others are materialized here, so a backlog stays
+        // visible; a full window is refilled here (decision 0062). On
+        // PostgreSQL only appends here are left to an idle session.
         let sessions = &self.sessions;
+        let lease_only = self.claims_lease_only;
         let dirty: Vec<SubscriptionId> = self
             .subscriptions
             .iter_mut()
             .filter(|(_, s)| s.dirty)
             .filter_map(|(id, s)| {
                 s.dirty = false;
-                let waiting = s
-                    .sessions
-                    .iter()
-                    .any(|sid| sessions.get(sid).is_some_and(|e| e.room > 0 && !e.claiming));
+                let waiting = s.sessions.iter().any(|sid| {
+                    sessions.get(sid).is_some_and(|e| {
+                        if lease_only {
+                            e.room > 0 || e.reporting
+                        } else {
+                            e.room > 0 && !e.claiming
+                        }
+                    })
+                });
                 let appended = std::mem::take(&mut s.appended);
-                // Only for entries appended here (their count is known):
-                // at most `appended` new rows, so one new row still wakes
-                // one claim and an ACK's wake none (decision 0064).
-                if waiting && !s.window_full && appended > 0 {
-                    s.claimed_batch = s.appended_batch;
-                    let known = s.known_available.map(|a| a + appended);
-                    s.may_have_pending();
-                    s.known_available = known;
-                    None
-                } else {
-                    Some(id.clone())
+                let behind = std::mem::take(&mut s.left_behind);
+                let refill = std::mem::take(&mut s.refill);
+                if !waiting || s.window_full || refill || (!lease_only && appended == 0) {
+                    return Some(id.clone());
                 }
+                if appended > 0 {
+                    s.claimed_batch = s.appended_batch;
+                }
+                s.deferred = lease_only;
+                // Entries appended here have a known count: at most
+                // `appended` new rows, so one new row still wakes one claim
+                // (decision 0064). Entries a claim left below the head, or
+                // below a cursor an ACK or the poll found behind, are not
+                // counted: every session with room may claim.
+                let known = s
+                    .known_available
+                    .filter(|_| !behind && appended > 0)
+                    .map(|a| a + appended);
+                s.may_have_pending();
+                s.known_available = known;
+                None
             })
             .collect();
         let db = self.db.clone();
@@ -330,6 +371,7 @@ impl ScannerActor {
         let Some(sub) = self.subscriptions.get_mut(id) else {
             return;
         };
+        sub.deferred = false;
         sub.caught_up = matches!(&result, Ok(m) if m.caught_up);
         sub.window_full = matches!(&result, Ok(m) if m.window_full);
         sub.refill_in = result.as_ref().map_or(0, |m| m.refill_after);
@@ -454,6 +496,31 @@ impl ScannerActor {
     }
 }
 
+impl ScannerActor {
+    /// Entries left to claims whose sessions all ran out of room are
+    /// materialized PENDING (delivery-model.md §5: the backlog stays
+    /// visible and bounded by `max_pending`).
+    fn materialize_if_nobody_waits(
+        &mut self,
+        subscription_id: &SubscriptionId,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(sub) = self.subscriptions.get_mut(subscription_id) else {
+            return;
+        };
+        let sessions = &self.sessions;
+        let waiting = sub.sessions.iter().any(|sid| {
+            sessions
+                .get(sid)
+                .is_some_and(|e| e.room > 0 || e.reporting || e.claiming)
+        });
+        if sub.deferred && !waiting {
+            sub.dirty = true;
+            self.kick(ctx);
+        }
+    }
+}
+
 impl Actor for ScannerActor {
     type Context = Context<Self>;
 
@@ -493,6 +560,9 @@ impl Handler<SessionBound> for ScannerActor {
                     claimed_batch: None,
                     caught_up: false,
                     maybe_pending: true,
+                    left_behind: false,
+                    refill: false,
+                    deferred: false,
                     known_available: None,
                     wanted_in_flight: 0,
                     window_full: false,
@@ -513,6 +583,7 @@ impl Handler<SessionBound> for ScannerActor {
                 capacity: msg.capacity,
                 room: msg.room,
                 claiming: false,
+                reporting: false,
                 claim_generation: 0,
                 connection: msg.connection,
                 waiter: msg.waiter,
@@ -525,7 +596,7 @@ impl Handler<SessionBound> for ScannerActor {
 impl Handler<SessionClosed> for ScannerActor {
     type Result = ();
 
-    fn handle(&mut self, msg: SessionClosed, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: SessionClosed, ctx: &mut Context<Self>) {
         let Some(entry) = self.sessions.remove(&msg.session_id) else {
             return;
         };
@@ -534,6 +605,7 @@ impl Handler<SessionClosed> for ScannerActor {
         };
         sub.sessions.retain(|s| s != &msg.session_id);
         if !sub.sessions.is_empty() {
+            self.materialize_if_nobody_waits(&entry.subscription_id, ctx);
             return;
         }
         let app = sub.application_id.clone();
@@ -557,8 +629,12 @@ impl Handler<Demand> for ScannerActor {
         };
         let grew = msg.room > entry.room;
         entry.room = msg.room;
+        entry.reporting = false;
         if grew && !entry.claiming {
             self.kick(ctx);
+        } else if msg.room == 0 {
+            let subscription_id = entry.subscription_id.clone();
+            self.materialize_if_nobody_waits(&subscription_id, ctx);
         }
     }
 }

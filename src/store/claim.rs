@@ -322,6 +322,7 @@ async fn claim_batch_in(
             let lease = LeaseOnInsert {
                 sessions: &sessions,
                 lease_until,
+                only_slots: backend == DbBackend::Sqlite,
             };
             let (m, leased) =
                 materialize_and_lease_in(txn, subscription_id, MATERIALIZE_BATCH, Some(&lease))

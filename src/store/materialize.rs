@@ -123,6 +123,9 @@ pub(crate) struct LeaseOnInsert<'a> {
     /// One per row to lease, in slot order.
     pub sessions: &'a [&'a SessionId],
     pub lease_until: Timestamp,
+    /// Insert no row beyond the slots (SQLite, decision 0103); else the
+    /// rest of the batch is inserted PENDING.
+    pub only_slots: bool,
 }
 
 /// A row [`materialize_and_lease_in`] inserted LEASED and the secret whose
@@ -158,10 +161,13 @@ pub(crate) enum Found {
     },
 }
 
-/// [`materialize_in`] in a claim's transaction: the first rows (up to one
-/// per waiting session's slot) are inserted as if materialized (`revision
-/// 1`) and leased (`revision 2, lease_epoch 1, attempts 1`) in the same
-/// insert, with `leased_at = created_at`; the rest PENDING.
+/// [`materialize_in`] in a claim's transaction: one row per open slot of
+/// `lease` is inserted as if materialized (`revision 1`) and leased
+/// (`revision 2, lease_epoch 1, attempts 1`) in the same insert, with
+/// `leased_at = created_at`; with [`LeaseOnInsert::only_slots`] the read
+/// then stops before the next matching entry (`more` false, not
+/// `caught_up`: the cursor stays below the head), else the rest is
+/// inserted PENDING. Without `lease` every row is inserted PENDING.
 pub(crate) async fn materialize_and_lease_in(
     txn: &WriteTxn,
     subscription_id: &SubscriptionId,
@@ -196,9 +202,17 @@ pub(crate) async fn materialize_and_lease_in(
     let mut rows = Vec::new();
     let mut leased = Vec::new();
     let mut stopped_for_room = false;
+    let mut stopped_for_slots = false;
     for entry in &entries {
         let matches = ResultType::parse(&entry.event_type).is_some_and(|rt| types.contains(rt));
         if matches {
+            // A claim inserts only the rows it leases: the rest stay
+            // entries, inserted LEASED by the next claim rather than
+            // PENDING now and leased by a second write (decision 0103).
+            if lease.is_some_and(|l| l.only_slots && leased.len() >= l.sessions.len()) {
+                stopped_for_slots = true;
+                break;
+            }
             if room <= 0 {
                 stopped_for_room = true;
                 break;
@@ -254,7 +268,7 @@ pub(crate) async fn materialize_and_lease_in(
     }
     let m = Materialized {
         inserted,
-        more: !stopped_for_room && entries.len() as u64 == batch,
+        more: !stopped_for_room && !stopped_for_slots && entries.len() as u64 == batch,
         history_gap: None,
         idle: false,
         caught_up: cursor == pos.head,

@@ -250,3 +250,189 @@ async fn an_ack_never_waits_for_the_subscription_row_lock_and_the_window_refills
     );
     app.assert_invariants().await;
 }
+
+/// Decision 0103 (delivery-model.md §5), SQLite: a claim that materializes
+/// inserts one LEASED row per slot it fills and stops before the next
+/// matching entry, so the rest of the log stays below the subscription's
+/// cursor for the next claim (one write per row) or for the scanner, which
+/// inserts it PENDING.
+#[actix_web::test]
+async fn a_claim_inserts_only_the_rows_it_leases_and_leaves_the_rest_below_the_cursor() {
+    if skip_unless_backend(
+        "sqlite",
+        "on PostgreSQL a claim inserts the rest of its batch PENDING (decision 0103)",
+    ) {
+        return;
+    }
+    use orbit_events::{
+        domain::{CredentialId, SessionId, SubscriptionId},
+        store::{
+            Waiter,
+            claim::{ClaimOutcome, ClaimTarget, claim},
+            materialize::materialize,
+        },
+    };
+    use std::{sync::Arc, time::Duration};
+
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let s = create_sub(&app, &cred, json!({ "from_sequence": "0" })).await;
+    let events = app
+        .publish(
+            &cred,
+            (0..10)
+                .map(|_| result(&cred.queue_id, "task.succeeded"))
+                .collect(),
+        )
+        .await;
+    let alive = Arc::new(());
+    let target = ClaimTarget {
+        session_id: SessionId::generate(),
+        subscription_id: SubscriptionId::parse(&s).unwrap(),
+        credential_id: CredentialId::parse(&cred.credential_id).unwrap(),
+        capacity: 8,
+        waiter: Waiter::while_alive(&alive),
+    };
+    let count = |state: &'static str| {
+        let app = &app;
+        let s = &s;
+        async move {
+            app.scalar(&format!(
+                "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{s}' AND state = '{state}'"
+            ))
+            .await
+        }
+    };
+    let cursor = || async {
+        app.scalar(&format!(
+            "SELECT cursor_sequence FROM subscriptions WHERE id = '{s}'"
+        ))
+        .await
+    };
+    let mut leased = Vec::new();
+    for want in [3, 2] {
+        let outcome = claim(&app.db, &target, want, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let ClaimOutcome::Leased {
+            deliveries,
+            exhausted,
+            behind_head,
+            ..
+        } = outcome
+        else {
+            panic!("expected leases, got {outcome:?}");
+        };
+        assert_eq!(deliveries.len(), want as usize);
+        assert!(!exhausted && behind_head);
+        leased.extend(deliveries.iter().map(|d| d.delivery.event_id.clone()));
+        assert_eq!(count("LEASED").await, leased.len() as i64);
+        assert_eq!(
+            count("PENDING").await,
+            0,
+            "no row inserted beyond the slots"
+        );
+        assert_eq!(cursor().await, events[leased.len() - 1].1 as i64);
+    }
+    let first_five: Vec<String> = events[..5].iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(leased, first_five, "in log order");
+
+    // The scanner inserts the rest PENDING, as for a session without room.
+    let m = materialize(&app.db, &target.subscription_id).await.unwrap();
+    assert_eq!((m.inserted, m.caught_up), (5, true));
+    assert_eq!(count("PENDING").await, 5);
+    assert_eq!(cursor().await, events[9].1 as i64);
+    app.assert_invariants().await;
+}
+
+/// delivery-model.md §5: "The scanner still materializes PENDING rows for
+/// subscriptions with no session waiting, so a backlog is visible and
+/// bounded by `max_pending`." The results beyond the session's claim, left
+/// to its next claim while it had room, are materialized once the session
+/// reports that it has none (decision 0103).
+#[actix_web::test]
+async fn a_backlog_behind_a_session_without_room_is_materialized_pending_up_to_max_pending() {
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let s = create_sub(&app, &cred, json!({ "max_pending": 6 })).await;
+    let mut ws = app.bind(&cred.token, &s, 2).await;
+    crate::protocol_support::claims_settled(&app, 1).await;
+    app.publish(
+        &cred,
+        (0..10)
+            .map(|_| result(&cred.queue_id, "task.succeeded"))
+            .collect(),
+    )
+    .await;
+    for _ in 0..2 {
+        ws.delivery().await;
+    }
+    let state = |state: &'static str| {
+        let (app, s) = (&app, &s);
+        async move {
+            app.scalar(&format!(
+                "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{s}' AND state = '{state}'"
+            ))
+            .await
+        }
+    };
+    crate::protocol_support::wait_until("the backlog is materialized", || async {
+        state("PENDING").await == 4
+    })
+    .await;
+    assert_eq!(state("LEASED").await, 2);
+    app.assert_invariants().await;
+}
+
+/// Decisions 0062 and 0103: a session with room below a full backlog window
+/// is not left to claims that would find the window full again; the
+/// window is refilled by the scanner once an ACK frees a slot, and no claim
+/// runs meanwhile.
+#[actix_web::test]
+async fn below_a_full_window_a_session_with_room_claims_nothing_until_an_ack_frees_a_slot() {
+    use crate::metrics::scrape;
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let s = create_sub(&app, &cred, json!({ "max_pending": 2 })).await;
+    let mut ws = app.bind(&cred.token, &s, 8).await;
+    app.publish(
+        &cred,
+        (0..10)
+            .map(|_| result(&cred.queue_id, "task.succeeded"))
+            .collect(),
+    )
+    .await;
+    let first = ws.delivery().await;
+    ws.delivery().await;
+    let claims = || async {
+        let m = scrape(&app).await;
+        let settled = m.value("orbit_events_claims_in_flight", &[]) == 0.0
+            && m.value("orbit_events_claims_waiting", &[]) == 0.0;
+        let total = m.value(
+            "orbit_events_claims_total",
+            &[("application_id", cred.application_id.as_str())],
+        );
+        settled.then_some(total)
+    };
+    let before = std::cell::Cell::new(None);
+    crate::protocol_support::wait_until("no claim waits or runs", || async {
+        before.set(claims().await);
+        before.get().is_some()
+    })
+    .await;
+    // A round trip through the connection and the scanner's mailbox later,
+    // the count has not moved.
+    assert_eq!(ws.ping().await["type"], "ack");
+    let after = std::cell::Cell::new(None);
+    crate::protocol_support::wait_until("no claim waits or runs", || async {
+        after.set(claims().await);
+        after.get().is_some()
+    })
+    .await;
+    assert_eq!(before.get(), after.get(), "claims ran below a full window");
+
+    assert_eq!(ws.ack(&first).await["type"], "ack");
+    let next = ws.delivery().await;
+    assert_eq!(next["body"]["event"]["sequence"], "3", "{next:#}");
+    app.assert_invariants().await;
+}

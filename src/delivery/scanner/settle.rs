@@ -21,6 +21,7 @@ impl Handler<ClaimSettled> for ScannerActor {
             && !sub.window_full
         {
             sub.dirty = true;
+            sub.left_behind = self.claims_lease_only;
             self.kick(ctx);
         }
     }
@@ -57,6 +58,7 @@ impl ScannerActor {
             // deliveries (protocol.md §3: room in both its capacity and its
             // write queue); until then it has none.
             entry.room = 0;
+            entry.reporting = true;
         }
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
             if msg.exhausted && sub.window_full {
@@ -64,6 +66,7 @@ impl ScannerActor {
                 // (once: if it inserts nothing, claims stop as below).
                 sub.window_full = false;
                 sub.dirty = true;
+                sub.refill = true;
                 if sub.generation == entry.claim_generation {
                     sub.maybe_pending = false;
                     sub.known_available = Some(0);
