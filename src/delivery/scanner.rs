@@ -309,14 +309,11 @@ impl ScannerActor {
             .filter(|(_, s)| s.dirty)
             .filter_map(|(id, s)| {
                 s.dirty = false;
+                let idle = |e: &SessionEntry| e.room > 0 && !e.claiming;
                 let waiting = s.sessions.iter().any(|sid| {
-                    sessions.get(sid).is_some_and(|e| {
-                        if lease_only {
-                            e.room > 0 || e.reporting
-                        } else {
-                            e.room > 0 && !e.claiming
-                        }
-                    })
+                    sessions
+                        .get(sid)
+                        .is_some_and(|e| idle(e) || (lease_only && (e.room > 0 || e.reporting)))
                 });
                 let appended = std::mem::take(&mut s.appended);
                 let behind = std::mem::take(&mut s.left_behind);
@@ -324,7 +321,14 @@ impl ScannerActor {
                 if !waiting || s.window_full || refill || (!lease_only && appended == 0) {
                     return Some(id.clone());
                 }
-                if appended > 0 {
+                // The batch is left to a claim asked for in this round, which
+                // can share its write round (decision 0098); otherwise its
+                // commit marks the subscription again.
+                if appended > 0
+                    && s.sessions
+                        .iter()
+                        .any(|sid| sessions.get(sid).is_some_and(idle))
+                {
                     s.claimed_batch = s.appended_batch;
                 }
                 s.deferred = lease_only;
@@ -497,6 +501,33 @@ impl ScannerActor {
 }
 
 impl ScannerActor {
+    /// One materialization of a subscription no longer bound here.
+    fn materialize_unbound(
+        &mut self,
+        id: SubscriptionId,
+        queue_id: QueueId,
+        ctx: &mut Context<Self>,
+    ) {
+        let db = self.db.clone();
+        let fut = async move {
+            let result = materialize(&db, &id).await;
+            (id, result)
+        };
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(move |(id, result), act, _| match result {
+                    Ok(m) => act.metrics.materialized(&queue_id, m.inserted),
+                    Err(err) => {
+                        act.metrics.database_error(Operation::Materialize);
+                        crate::store::writer::log_failure(
+                            &err,
+                            &format!("materialization of subscription {id} failed"),
+                        );
+                    }
+                }),
+        );
+    }
+
     /// Entries left to claims whose sessions all ran out of room are
     /// materialized PENDING (delivery-model.md §5: the backlog stays
     /// visible and bounded by `max_pending`).
@@ -609,7 +640,13 @@ impl Handler<SessionClosed> for ScannerActor {
             return;
         }
         let app = sub.application_id.clone();
+        let deferred = sub.deferred.then(|| sub.queue_id.clone());
         self.subscriptions.remove(&entry.subscription_id);
+        if let Some(queue_id) = deferred {
+            // Entries left to the claims of the last session: materialized
+            // once more, as they would have been had it never had room.
+            self.materialize_unbound(entry.subscription_id.clone(), queue_id, ctx);
+        }
         if let Some(ring) = self.app_subscriptions.get_mut(&app) {
             ring.retain(|s| s != &entry.subscription_id);
             if ring.is_empty() {

@@ -317,7 +317,8 @@ async fn claim_batch_in(
         let mut behind_head = sub.cursor_sequence < head;
         if !slots.is_empty() && behind_head {
             // The rows it inserts for the open slots are inserted LEASED
-            // (one write each); the rest PENDING.
+            // (one write each); on SQLite it stops there, on PostgreSQL the
+            // rest of the batch is inserted PENDING (decision 0103).
             let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
             let lease = LeaseOnInsert {
                 sessions: &sessions,

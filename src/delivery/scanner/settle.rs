@@ -11,12 +11,19 @@ impl Handler<ClaimSettled> for ScannerActor {
 
     fn handle(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
         let behind = msg.behind_head;
+        let (leased, exhausted) = (msg.leased, msg.exhausted);
         let subscription_id = msg.subscription_id.clone();
         self.claim_settled(msg, ctx);
         // Entries still wait below the head (the claim found enough
         // PENDING rows, or its batch was full): the next round materializes
         // them, or leaves them to the next claim of a session still waiting.
+        // A claim granted nothing (its session full by the database's
+        // count, or gone) changed nothing: on SQLite, where a session with
+        // room is left to its claims, marking it would ask the same claim
+        // again, in a loop.
+        let granted = leased > 0 || exhausted || !self.claims_lease_only;
         if behind
+            && granted
             && let Some(sub) = self.subscriptions.get_mut(&subscription_id)
             && !sub.window_full
         {
@@ -24,11 +31,16 @@ impl Handler<ClaimSettled> for ScannerActor {
             sub.left_behind = self.claims_lease_only;
             self.kick(ctx);
         }
+        if leased == 0 {
+            // Its session may have been the last one with room.
+            self.materialize_if_nobody_waits(&subscription_id, ctx);
+        }
     }
 }
 
 impl ScannerActor {
     fn claim_settled(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
+        let lease_only = self.claims_lease_only;
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
             sub.wanted_in_flight = sub
                 .wanted_in_flight
@@ -66,7 +78,7 @@ impl ScannerActor {
                 // (once: if it inserts nothing, claims stop as below).
                 sub.window_full = false;
                 sub.dirty = true;
-                sub.refill = true;
+                sub.refill = lease_only;
                 if sub.generation == entry.claim_generation {
                     sub.maybe_pending = false;
                     sub.known_available = Some(0);
