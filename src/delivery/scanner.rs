@@ -151,6 +151,20 @@ struct SessionEntry {
     waiter: Waiter,
 }
 
+impl SessionEntry {
+    /// Has room and no claim running: a claim asked for now is its.
+    fn idle(&self) -> bool {
+        self.room > 0 && !self.claiming
+    }
+
+    /// Has room, or will report it once it has queued a claim's
+    /// deliveries: on SQLite its subscription is left to its claims
+    /// (decision 0103).
+    fn waits(&self) -> bool {
+        self.room > 0 || self.reporting
+    }
+}
+
 struct SubscriptionEntry {
     queue_id: QueueId,
     application_id: ApplicationId,
@@ -309,11 +323,10 @@ impl ScannerActor {
             .filter(|(_, s)| s.dirty)
             .filter_map(|(id, s)| {
                 s.dirty = false;
-                let idle = |e: &SessionEntry| e.room > 0 && !e.claiming;
                 let waiting = s.sessions.iter().any(|sid| {
                     sessions
                         .get(sid)
-                        .is_some_and(|e| idle(e) || (lease_only && (e.room > 0 || e.reporting)))
+                        .is_some_and(|e| if lease_only { e.waits() } else { e.idle() })
                 });
                 let appended = std::mem::take(&mut s.appended);
                 let behind = std::mem::take(&mut s.left_behind);
@@ -327,7 +340,7 @@ impl ScannerActor {
                 if appended > 0
                     && s.sessions
                         .iter()
-                        .any(|sid| sessions.get(sid).is_some_and(idle))
+                        .any(|sid| sessions.get(sid).is_some_and(SessionEntry::idle))
                 {
                     s.claimed_batch = s.appended_batch;
                 }
@@ -402,11 +415,7 @@ impl ScannerActor {
             }
             Err(err) => {
                 // Retried on the next timer tick; claims report UNAVAILABLE.
-                self.metrics.database_error(Operation::Materialize);
-                crate::store::writer::log_failure(
-                    &err,
-                    &format!("materialization of subscription {id} failed"),
-                );
+                materialize_failed(&self.metrics, id, &err);
                 sub.dirty = true;
             }
         }
@@ -490,7 +499,7 @@ impl ScannerActor {
                 let wants = self
                     .sessions
                     .get(&session_id)
-                    .is_some_and(|e| e.room > 0 && !e.claiming);
+                    .is_some_and(SessionEntry::idle);
                 if wants {
                     return Some(session_id);
                 }
@@ -517,13 +526,7 @@ impl ScannerActor {
             fut.into_actor(self)
                 .map(move |(id, result), act, _| match result {
                     Ok(m) => act.metrics.materialized(&queue_id, m.inserted),
-                    Err(err) => {
-                        act.metrics.database_error(Operation::Materialize);
-                        crate::store::writer::log_failure(
-                            &err,
-                            &format!("materialization of subscription {id} failed"),
-                        );
-                    }
+                    Err(err) => materialize_failed(&act.metrics, &id, &err),
                 }),
         );
     }
@@ -540,16 +543,21 @@ impl ScannerActor {
             return;
         };
         let sessions = &self.sessions;
-        let waiting = sub.sessions.iter().any(|sid| {
-            sessions
-                .get(sid)
-                .is_some_and(|e| e.room > 0 || e.reporting || e.claiming)
-        });
+        let waiting = sub
+            .sessions
+            .iter()
+            .any(|sid| sessions.get(sid).is_some_and(|e| e.waits() || e.claiming));
         if sub.deferred && !waiting {
             sub.dirty = true;
             self.kick(ctx);
         }
     }
+}
+
+/// Counts and logs a failed materialization.
+fn materialize_failed(metrics: &Metrics, id: &SubscriptionId, err: &crate::store::StoreError) {
+    metrics.database_error(Operation::Materialize);
+    crate::store::writer::log_failure(err, &format!("materialization of subscription {id} failed"));
 }
 
 impl Actor for ScannerActor {

@@ -19,6 +19,34 @@ async fn lean_indexes(app: &TestApp) -> i64 {
     app.scalar(&sql).await
 }
 
+/// Deliveries of subscription `s` in `state`.
+async fn in_state(app: &TestApp, s: &str, state: &str) -> i64 {
+    app.scalar(&format!(
+        "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{s}' AND state = '{state}'"
+    ))
+    .await
+}
+
+/// Waits until no claim waits or runs; the claims counted for `cred`'s
+/// application then.
+async fn settled_claims(app: &TestApp, cred: &Cred) -> f64 {
+    let total = std::cell::Cell::new(None);
+    crate::protocol_support::wait_until("no claim waits or runs", || async {
+        let m = crate::metrics::scrape(app).await;
+        let settled = m.value("orbit_events_claims_in_flight", &[]) == 0.0
+            && m.value("orbit_events_claims_waiting", &[]) == 0.0;
+        total.set(settled.then(|| {
+            m.value(
+                "orbit_events_claims_total",
+                &[("application_id", cred.application_id.as_str())],
+            )
+        }));
+        total.get().is_some()
+    })
+    .await;
+    total.get().unwrap_or_default()
+}
+
 #[actix_web::test]
 async fn the_lean_row_migration_upgrades_a_database_with_acked_rows_in_place_and_records_later_acks_on_the_row()
  {
@@ -293,16 +321,6 @@ async fn a_claim_inserts_only_the_rows_it_leases_and_leaves_the_rest_below_the_c
         capacity: 8,
         waiter: Waiter::while_alive(&alive),
     };
-    let count = |state: &'static str| {
-        let app = &app;
-        let s = &s;
-        async move {
-            app.scalar(&format!(
-                "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{s}' AND state = '{state}'"
-            ))
-            .await
-        }
-    };
     let cursor = || async {
         app.scalar(&format!(
             "SELECT cursor_sequence FROM subscriptions WHERE id = '{s}'"
@@ -326,9 +344,9 @@ async fn a_claim_inserts_only_the_rows_it_leases_and_leaves_the_rest_below_the_c
         assert_eq!(deliveries.len(), want as usize);
         assert!(!exhausted && behind_head);
         leased.extend(deliveries.iter().map(|d| d.delivery.event_id.clone()));
-        assert_eq!(count("LEASED").await, leased.len() as i64);
+        assert_eq!(in_state(&app, &s, "LEASED").await, leased.len() as i64);
         assert_eq!(
-            count("PENDING").await,
+            in_state(&app, &s, "PENDING").await,
             0,
             "no row inserted beyond the slots"
         );
@@ -340,7 +358,7 @@ async fn a_claim_inserts_only_the_rows_it_leases_and_leaves_the_rest_below_the_c
     // The scanner inserts the rest PENDING, as for a session without room.
     let m = materialize(&app.db, &target.subscription_id).await.unwrap();
     assert_eq!((m.inserted, m.caught_up), (5, true));
-    assert_eq!(count("PENDING").await, 5);
+    assert_eq!(in_state(&app, &s, "PENDING").await, 5);
     assert_eq!(cursor().await, events[9].1 as i64);
     app.assert_invariants().await;
 }
@@ -357,30 +375,15 @@ async fn a_backlog_behind_a_session_without_room_is_materialized_pending_up_to_m
     let s = create_sub(&app, &cred, json!({ "max_pending": 6 })).await;
     let mut ws = app.bind(&cred.token, &s, 2).await;
     crate::protocol_support::claims_settled(&app, 1).await;
-    app.publish(
-        &cred,
-        (0..10)
-            .map(|_| result(&cred.queue_id, "task.succeeded"))
-            .collect(),
-    )
-    .await;
+    crate::protocol_support::publish_n(&app, &cred, 10, "task.succeeded").await;
     for _ in 0..2 {
         ws.delivery().await;
     }
-    let state = |state: &'static str| {
-        let (app, s) = (&app, &s);
-        async move {
-            app.scalar(&format!(
-                "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{s}' AND state = '{state}'"
-            ))
-            .await
-        }
-    };
     crate::protocol_support::wait_until("the backlog is materialized", || async {
-        state("PENDING").await == 4
+        in_state(&app, &s, "PENDING").await == 4
     })
     .await;
-    assert_eq!(state("LEASED").await, 2);
+    assert_eq!(in_state(&app, &s, "LEASED").await, 2);
     app.assert_invariants().await;
 }
 
@@ -390,46 +393,19 @@ async fn a_backlog_behind_a_session_without_room_is_materialized_pending_up_to_m
 /// runs meanwhile.
 #[actix_web::test]
 async fn below_a_full_window_a_session_with_room_claims_nothing_until_an_ack_frees_a_slot() {
-    use crate::metrics::scrape;
     let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
     let cred = app.bootstrap().await;
     let s = create_sub(&app, &cred, json!({ "max_pending": 2 })).await;
     let mut ws = app.bind(&cred.token, &s, 8).await;
-    app.publish(
-        &cred,
-        (0..10)
-            .map(|_| result(&cred.queue_id, "task.succeeded"))
-            .collect(),
-    )
-    .await;
+    crate::protocol_support::publish_n(&app, &cred, 10, "task.succeeded").await;
     let first = ws.delivery().await;
     ws.delivery().await;
-    let claims = || async {
-        let m = scrape(&app).await;
-        let settled = m.value("orbit_events_claims_in_flight", &[]) == 0.0
-            && m.value("orbit_events_claims_waiting", &[]) == 0.0;
-        let total = m.value(
-            "orbit_events_claims_total",
-            &[("application_id", cred.application_id.as_str())],
-        );
-        settled.then_some(total)
-    };
-    let before = std::cell::Cell::new(None);
-    crate::protocol_support::wait_until("no claim waits or runs", || async {
-        before.set(claims().await);
-        before.get().is_some()
-    })
-    .await;
+    let before = settled_claims(&app, &cred).await;
     // A round trip through the connection and the scanner's mailbox later,
     // the count has not moved.
     assert_eq!(ws.ping().await["type"], "ack");
-    let after = std::cell::Cell::new(None);
-    crate::protocol_support::wait_until("no claim waits or runs", || async {
-        after.set(claims().await);
-        after.get().is_some()
-    })
-    .await;
-    assert_eq!(before.get(), after.get(), "claims ran below a full window");
+    let after = settled_claims(&app, &cred).await;
+    assert_eq!(before, after, "claims ran below a full window");
 
     assert_eq!(ws.ack(&first).await["type"], "ack");
     let next = ws.delivery().await;
