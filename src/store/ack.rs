@@ -314,11 +314,18 @@ async fn write_acks(
 /// revocation committed before it is never outrun), and record one tally
 /// per subscription for its `pending_count` (decision 0094). The lists
 /// travel as comma-separated text (ids are hex): one text, planned once.
-const WRITE_ACKS: &str = "WITH a AS (SELECT * FROM unnest(string_to_array($1, ','), \
+/// Each row is locked by its own primary-key lookup, in the order of the
+/// sorted ids: a lateral subquery with `FOR UPDATE` is never turned into a
+/// join, so the generic plan PostgreSQL keeps from when the table was tiny
+/// stays an index lookup (as a semi join it was a scan of the whole table,
+/// 9.4 ms at 7,000 rows; decision 0104). Parameters: `$1` delivery ids,
+/// `$2` epochs, `$3` session ids, `$4` credential ids (each a
+/// comma-separated text, one entry per ACK), `$5` the time in µs.
+pub const WRITE_ACKS: &str = "WITH a AS (SELECT * FROM unnest(string_to_array($1, ','), \
      string_to_array($2, ',')::bigint[], string_to_array($3, ','), string_to_array($4, ',')) \
      AS a(id, epoch, session, credential)), \
-     locked AS (SELECT d.id FROM deliveries d WHERE d.id IN (SELECT id FROM a) \
-     ORDER BY d.id FOR UPDATE), \
+     locked AS (SELECT l.id FROM (SELECT id FROM a ORDER BY id) s CROSS JOIN LATERAL \
+     (SELECT d.id FROM deliveries d WHERE d.id = s.id FOR UPDATE) l), \
      acked AS (UPDATE deliveries d SET state = 'ACKED', acknowledged_at = $5, \
      ack_epoch = d.lease_epoch, ack_session_id = NULLIF(a.session, d.lease_session_id), \
      revision = d.revision + 1 FROM a WHERE d.id = a.id AND d.id IN (SELECT id FROM locked) \
