@@ -158,7 +158,7 @@ impl SessionEntry {
     }
 
     /// Has room, or will report it once it has queued a claim's
-    /// deliveries: on SQLite its subscription is left to its claims
+    /// deliveries: its subscription is left to its claims
     /// (decision 0103).
     fn waits(&self) -> bool {
         self.room > 0 || self.reporting
@@ -258,13 +258,6 @@ pub struct ScannerActor {
     app_subscriptions: HashMap<ApplicationId, VecDeque<SubscriptionId>>,
     round_running: bool,
     round_again: bool,
-    /// SQLite: claims insert only the rows they lease, and a subscription
-    /// with a session that has room is left to them (decision 0103). On
-    /// PostgreSQL, where a claim holds the subscription row lock while it
-    /// materializes and an application has one claim in flight, the
-    /// scanner materializes whole batches except for a waiting session's
-    /// appends (decision 0098's rule).
-    claims_lease_only: bool,
 }
 
 impl ScannerActor {
@@ -277,7 +270,6 @@ impl ScannerActor {
         metrics: Arc<Metrics>,
     ) -> ScannerActor {
         ScannerActor {
-            claims_lease_only: db.backend() == sea_orm::DbBackend::Sqlite,
             db,
             pool,
             claims_per_round,
@@ -313,25 +305,23 @@ impl ScannerActor {
         // decision 0103): one commit less between an append and its
         // `event.deliver`, and one write per row instead of an insert and a
         // lease. The others are materialized here, so a backlog stays
-        // visible; a full window is refilled here (decision 0062). On
-        // PostgreSQL only appends here are left to an idle session.
+        // visible; a full window is refilled here (decision 0062). Both
+        // backends (decision 0105).
         let sessions = &self.sessions;
-        let lease_only = self.claims_lease_only;
         let dirty: Vec<SubscriptionId> = self
             .subscriptions
             .iter_mut()
             .filter(|(_, s)| s.dirty)
             .filter_map(|(id, s)| {
                 s.dirty = false;
-                let waiting = s.sessions.iter().any(|sid| {
-                    sessions
-                        .get(sid)
-                        .is_some_and(|e| if lease_only { e.waits() } else { e.idle() })
-                });
+                let waiting = s
+                    .sessions
+                    .iter()
+                    .any(|sid| sessions.get(sid).is_some_and(SessionEntry::waits));
                 let appended = std::mem::take(&mut s.appended);
                 let behind = std::mem::take(&mut s.left_behind);
                 let refill = std::mem::take(&mut s.refill);
-                if !waiting || s.window_full || refill || (!lease_only && appended == 0) {
+                if !waiting || s.window_full || refill {
                     return Some(id.clone());
                 }
                 // The batch is left to a claim asked for in this round, which
@@ -344,7 +334,7 @@ impl ScannerActor {
                 {
                     s.claimed_batch = s.appended_batch;
                 }
-                s.deferred = lease_only;
+                s.deferred = true;
                 // Entries appended here have a known count: at most
                 // `appended` new rows, so one new row still wakes one claim
                 // (decision 0064). Entries a claim left below the head, or

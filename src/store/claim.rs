@@ -317,13 +317,11 @@ async fn claim_batch_in(
         let mut behind_head = sub.cursor_sequence < head;
         if !slots.is_empty() && behind_head {
             // The rows it inserts for the open slots are inserted LEASED
-            // (one write each); on SQLite it stops there, on PostgreSQL the
-            // rest of the batch is inserted PENDING (decision 0103).
+            // (one write each), and it stops there (decision 0103).
             let sessions: Vec<&SessionId> = slots.iter().map(|&(_, s)| s).collect();
             let lease = LeaseOnInsert {
                 sessions: &sessions,
                 lease_until,
-                only_slots: backend == DbBackend::Sqlite,
             };
             let (m, leased) =
                 materialize_and_lease_in(txn, subscription_id, MATERIALIZE_BATCH, Some(&lease))

@@ -123,9 +123,6 @@ pub(crate) struct LeaseOnInsert<'a> {
     /// One per row to lease, in slot order.
     pub sessions: &'a [&'a SessionId],
     pub lease_until: Timestamp,
-    /// Insert no row beyond the slots (SQLite, decision 0103); else the
-    /// rest of the batch is inserted PENDING.
-    pub only_slots: bool,
 }
 
 /// A row [`materialize_and_lease_in`] inserted LEASED and the secret whose
@@ -164,10 +161,9 @@ pub(crate) enum Found {
 /// [`materialize_in`] in a claim's transaction: one row per open slot of
 /// `lease` is inserted as if materialized (`revision 1`) and leased
 /// (`revision 2, lease_epoch 1, attempts 1`) in the same insert, with
-/// `leased_at = created_at`; with [`LeaseOnInsert::only_slots`] the read
-/// then stops before the next matching entry (`more` false, not
-/// `caught_up`: the cursor stays below the head), else the rest is
-/// inserted PENDING. Without `lease` every row is inserted PENDING.
+/// `leased_at = created_at`; the read then stops before the next matching
+/// entry (`more` false, not `caught_up`: the cursor stays below the head;
+/// decision 0103). Without `lease` every row is inserted PENDING.
 pub(crate) async fn materialize_and_lease_in(
     txn: &WriteTxn,
     subscription_id: &SubscriptionId,
@@ -209,7 +205,7 @@ pub(crate) async fn materialize_and_lease_in(
             // A claim inserts only the rows it leases: the rest stay
             // entries, inserted LEASED by the next claim rather than
             // PENDING now and leased by a second write (decision 0103).
-            if lease.is_some_and(|l| l.only_slots && leased.len() >= l.sessions.len()) {
+            if lease.is_some_and(|l| leased.len() >= l.sessions.len()) {
                 stopped_for_slots = true;
                 break;
             }

@@ -279,19 +279,13 @@ async fn an_ack_never_waits_for_the_subscription_row_lock_and_the_window_refills
     app.assert_invariants().await;
 }
 
-/// Decision 0103 (delivery-model.md §5), SQLite: a claim that materializes
-/// inserts one LEASED row per slot it fills and stops before the next
-/// matching entry, so the rest of the log stays below the subscription's
-/// cursor for the next claim (one write per row) or for the scanner, which
-/// inserts it PENDING.
+/// Decisions 0103 and 0105 (delivery-model.md §5), both backends: a claim
+/// that materializes inserts one LEASED row per slot it fills and stops
+/// before the next matching entry, so the rest of the log stays below the
+/// subscription's cursor for the next claim (one write per row) or for the
+/// scanner, which inserts it PENDING.
 #[actix_web::test]
 async fn a_claim_inserts_only_the_rows_it_leases_and_leaves_the_rest_below_the_cursor() {
-    if skip_unless_backend(
-        "sqlite",
-        "on PostgreSQL a claim inserts the rest of its batch PENDING (decision 0103)",
-    ) {
-        return;
-    }
     use orbit_events::{
         domain::{CredentialId, SessionId, SubscriptionId},
         store::{

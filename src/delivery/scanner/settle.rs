@@ -18,17 +18,17 @@ impl Handler<ClaimSettled> for ScannerActor {
         // PENDING rows, or its batch was full): the next round materializes
         // them, or leaves them to the next claim of a session still waiting.
         // A claim granted nothing (its session full by the database's
-        // count, or gone) changed nothing: on SQLite, where a session with
-        // room is left to its claims, marking it would ask the same claim
-        // again, in a loop.
-        let granted = leased > 0 || exhausted || !self.claims_lease_only;
+        // count, or gone) changed nothing: a session with room is left to
+        // its claims, so marking it would ask the same claim again, in a
+        // loop.
+        let granted = leased > 0 || exhausted;
         if behind
             && granted
             && let Some(sub) = self.subscriptions.get_mut(&subscription_id)
             && !sub.window_full
         {
             sub.dirty = true;
-            sub.left_behind = self.claims_lease_only;
+            sub.left_behind = true;
             self.kick(ctx);
         }
         if leased == 0 {
@@ -40,7 +40,6 @@ impl Handler<ClaimSettled> for ScannerActor {
 
 impl ScannerActor {
     fn claim_settled(&mut self, msg: ClaimSettled, ctx: &mut Context<Self>) {
-        let lease_only = self.claims_lease_only;
         if let Some(sub) = self.subscriptions.get_mut(&msg.subscription_id) {
             sub.wanted_in_flight = sub
                 .wanted_in_flight
@@ -78,7 +77,7 @@ impl ScannerActor {
                 // (once: if it inserts nothing, claims stop as below).
                 sub.window_full = false;
                 sub.dirty = true;
-                sub.refill = lease_only;
+                sub.refill = true;
                 if sub.generation == entry.claim_generation {
                     sub.maybe_pending = false;
                     sub.known_available = Some(0);
