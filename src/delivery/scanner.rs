@@ -500,7 +500,9 @@ impl ScannerActor {
 }
 
 impl ScannerActor {
-    /// One materialization of a subscription no longer bound here.
+    /// The last materialization of a subscription no longer bound here:
+    /// batch after batch until it caught up or its backlog window is full
+    /// (delivery-model.md §5), since this node forgets it afterwards.
     fn materialize_unbound(
         &mut self,
         id: SubscriptionId,
@@ -509,14 +511,27 @@ impl ScannerActor {
     ) {
         let db = self.db.clone();
         let fut = async move {
-            let result = materialize(&db, &id).await;
-            (id, result)
+            let mut inserted = 0;
+            let result = loop {
+                match materialize(&db, &id).await {
+                    Ok(m) => {
+                        inserted += m.inserted;
+                        if !m.more || m.window_full {
+                            break Ok(());
+                        }
+                    }
+                    Err(err) => break Err(err),
+                }
+            };
+            (id, inserted, result)
         };
         ctx.spawn(
             fut.into_actor(self)
-                .map(move |(id, result), act, _| match result {
-                    Ok(m) => act.metrics.materialized(&queue_id, m.inserted),
-                    Err(err) => materialize_failed(&act.metrics, &id, &err),
+                .map(move |(id, inserted, result), act, _| {
+                    act.metrics.materialized(&queue_id, inserted);
+                    if let Err(err) = result {
+                        materialize_failed(&act.metrics, &id, &err);
+                    }
                 }),
         );
     }

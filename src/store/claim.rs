@@ -331,7 +331,25 @@ async fn claim_batch_in(
             for ((k, _), row) in slots.drain(..filled).zip(leased) {
                 shares[k].push(row);
             }
+            // PostgreSQL: another node's transaction held the subscription
+            // row while it inserted PENDING rows the first pick could not
+            // see yet (the cursor moved); after the lock they are
+            // committed, and a claim left short by them would not be asked
+            // again before the poll (decision 0105).
+            let moved = m.found_cursor > sub.cursor_sequence;
             materialized.insert(run[0], m);
+            if backend == DbBackend::Postgres && moved && !slots.is_empty() {
+                lease_slots(
+                    txn,
+                    backend,
+                    subscription_id,
+                    &mut slots,
+                    now,
+                    lease_until,
+                    &mut shares,
+                )
+                .await?;
+            }
         }
         behind.insert(subscription_id.as_str(), behind_head);
     }

@@ -27,26 +27,6 @@ async fn in_state(app: &TestApp, s: &str, state: &str) -> i64 {
     .await
 }
 
-/// Waits until no claim waits or runs; the claims counted for `cred`'s
-/// application then.
-async fn settled_claims(app: &TestApp, cred: &Cred) -> f64 {
-    let total = std::cell::Cell::new(None);
-    crate::protocol_support::wait_until("no claim waits or runs", || async {
-        let m = crate::metrics::scrape(app).await;
-        let settled = m.value("orbit_events_claims_in_flight", &[]) == 0.0
-            && m.value("orbit_events_claims_waiting", &[]) == 0.0;
-        total.set(settled.then(|| {
-            m.value(
-                "orbit_events_claims_total",
-                &[("application_id", cred.application_id.as_str())],
-            )
-        }));
-        total.get().is_some()
-    })
-    .await;
-    total.get().unwrap_or_default()
-}
-
 #[actix_web::test]
 async fn the_lean_row_migration_upgrades_a_database_with_acked_rows_in_place_and_records_later_acks_on_the_row()
  {
@@ -394,15 +374,80 @@ async fn below_a_full_window_a_session_with_room_claims_nothing_until_an_ack_fre
     crate::protocol_support::publish_n(&app, &cred, 10, "task.succeeded").await;
     let first = ws.delivery().await;
     ws.delivery().await;
-    let before = settled_claims(&app, &cred).await;
+    let before = crate::protocol_support::settled_claims(&app, &cred).await;
     // A round trip through the connection and the scanner's mailbox later,
     // the count has not moved.
     assert_eq!(ws.ping().await["type"], "ack");
-    let after = settled_claims(&app, &cred).await;
+    let after = crate::protocol_support::settled_claims(&app, &cred).await;
     assert_eq!(before, after, "claims ran below a full window");
 
     assert_eq!(ws.ack(&first).await["type"], "ack");
     let next = ws.delivery().await;
     assert_eq!(next["body"]["event"]["sequence"], "3", "{next:#}");
+    app.assert_invariants().await;
+}
+
+/// Decision 0105, PostgreSQL: a claim that materializes and waits for the
+/// subscription row while another node's scanner inserts the entries
+/// PENDING (this test's transaction plays that node) leases those rows once
+/// the row is its own. Its first pick ran before they were committed;
+/// without a second one it leased nothing, reported the subscription
+/// exhausted, and the rows waited for the poll (ten minutes here).
+#[actix_web::test]
+async fn a_claim_that_waited_for_another_nodes_materialization_leases_the_rows_it_inserted() {
+    if skip_unless_backend("postgres", "only PostgreSQL runs several nodes") {
+        return;
+    }
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let app = spawn_app_with(|s| {
+        s.timing.scan_interval_ms = 600_000;
+        s.timing.sweep_interval_ms = 600_000;
+    })
+    .await;
+    let cred = app.bootstrap().await;
+    let q = cred.queue_id.clone();
+    let s = create_sub(&app, &cred, json!({ "from_sequence": "0" })).await;
+    let mut ws = app.bind(&cred.token, &s, 4).await;
+
+    let node = app.db.reader().begin().await.unwrap();
+    node.execute_unprepared(&format!(
+        "SELECT id FROM subscriptions WHERE id = '{s}' FOR UPDATE"
+    ))
+    .await
+    .unwrap();
+    crate::protocol_support::publish_n(&app, &cred, 2, "task.succeeded").await;
+    crate::protocol_support::wait_until("the claim waits for the subscription row", || async {
+        app.scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE '%FROM \"subscriptions\"%FOR UPDATE%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    node.execute_unprepared(&format!(
+        "INSERT INTO deliveries (id, subscription_id, event_id, sequence, revision, state, \
+         available_at, lease_epoch, attempts, attempt_budget, created_at) \
+         SELECT md5(e.id), '{s}', e.id, e.sequence, 1, 'PENDING', 0, 0, 0, s.max_attempts, \
+         (extract(epoch FROM clock_timestamp()) * 1000000)::bigint \
+         FROM result_events e JOIN subscriptions s ON s.id = '{s}' WHERE e.queue_id = '{q}'; \
+         UPDATE subscriptions SET cursor_sequence = 2, pending_count = pending_count + 2 \
+         WHERE id = '{s}'"
+    ))
+    .await
+    .unwrap();
+    node.commit().await.unwrap();
+
+    for _ in 0..2 {
+        let d = ws.delivery().await;
+        ws.ack(&d).await;
+    }
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT COUNT(*) FROM deliveries WHERE subscription_id = '{s}' AND state = 'ACKED'"
+        ))
+        .await,
+        2
+    );
     app.assert_invariants().await;
 }

@@ -126,6 +126,26 @@ where
     }
 }
 
+/// Waits until no claim waits or runs; the claims counted for `cred`'s
+/// application then.
+pub async fn settled_claims(app: &TestApp, cred: &Cred) -> f64 {
+    let total = std::cell::Cell::new(None);
+    wait_until("no claim waits or runs", || async {
+        let m = crate::metrics::scrape(app).await;
+        let settled = m.value("orbit_events_claims_in_flight", &[]) == 0.0
+            && m.value("orbit_events_claims_waiting", &[]) == 0.0;
+        total.set(settled.then(|| {
+            m.value(
+                "orbit_events_claims_total",
+                &[("application_id", cred.application_id.as_str())],
+            )
+        }));
+        total.get().is_some()
+    })
+    .await;
+    total.get().unwrap_or_default()
+}
+
 /// Publishes `n` results of `result_type` in one request.
 pub async fn publish_n(app: &TestApp, cred: &Cred, n: usize, result_type: &str) {
     app.publish(
