@@ -107,7 +107,13 @@ async fn a_consumer_closed_at_its_lifetime_reconnects_at_once_and_every_result_i
             assert_eq!(*retry_in, Duration::ZERO);
         }
     }
-    assert!(seen.connections() > lifetime_closes);
+    // The first connection and one after each close but the last, which
+    // can land just before the consumer stops (seen once in the suite).
+    assert!(
+        seen.connections() >= lifetime_closes,
+        "{} connections, {lifetime_closes} lifetime closes",
+        seen.connections()
+    );
     // At least once: a duplicate is only an event whose ACK the close cut.
     let mut counts: HashMap<String, usize> = HashMap::new();
     for d in &seen.deliveries {
