@@ -374,11 +374,11 @@ async fn below_a_full_window_a_session_with_room_claims_nothing_until_an_ack_fre
     crate::protocol_support::publish_n(&app, &cred, 10, "task.succeeded").await;
     let first = ws.delivery().await;
     ws.delivery().await;
-    let before = crate::protocol_support::claims_settled(&app, 0).await;
+    let before = crate::protocol_support::settled_claims(&app, &cred).await;
     // A round trip through the connection and the scanner's mailbox later,
     // the count has not moved.
     assert_eq!(ws.ping().await["type"], "ack");
-    let after = crate::protocol_support::claims_settled(&app, 0).await;
+    let after = crate::protocol_support::settled_claims(&app, &cred).await;
     assert_eq!(before, after, "claims ran below a full window");
 
     assert_eq!(ws.ack(&first).await["type"], "ack");

@@ -126,6 +126,26 @@ where
     }
 }
 
+/// Waits until no claim waits or runs; the claims counted for `cred`'s
+/// application then.
+pub async fn settled_claims(app: &TestApp, cred: &Cred) -> f64 {
+    let total = std::cell::Cell::new(None);
+    wait_until("no claim waits or runs", || async {
+        let m = crate::metrics::scrape(app).await;
+        let settled = m.value("orbit_events_claims_in_flight", &[]) == 0.0
+            && m.value("orbit_events_claims_waiting", &[]) == 0.0;
+        total.set(settled.then(|| {
+            m.value(
+                "orbit_events_claims_total",
+                &[("application_id", cred.application_id.as_str())],
+            )
+        }));
+        total.get().is_some()
+    })
+    .await;
+    total.get().unwrap_or_default()
+}
+
 /// Publishes `n` results of `result_type` in one request.
 pub async fn publish_n(app: &TestApp, cred: &Cred, n: usize, result_type: &str) {
     app.publish(
@@ -254,19 +274,15 @@ impl Outage {
 }
 
 /// Waits until the lease pool has completed `n` claims and none is waiting
-/// or running (e.g. the first claim of a freshly bound session); returns
-/// the claims completed then.
-pub async fn claims_settled(app: &TestApp, n: u64) -> u64 {
+/// or running (e.g. the first claim of a freshly bound session).
+pub async fn claims_settled(app: &TestApp, n: u64) {
     use orbit_events::delivery::pool::GetPoolStats;
     let pool = &app.state.pool;
-    let completed = &std::cell::Cell::new(0);
     wait_until("the claims settled", || async move {
         let stats = pool.send(GetPoolStats).await.unwrap();
-        completed.set(stats.claims_completed);
         stats.claims_completed >= n && stats.claims_in_flight == 0 && stats.claims_waiting == 0
     })
     .await;
-    completed.get()
 }
 
 /// The real `orbit-events serve` binary as a separate process on the test

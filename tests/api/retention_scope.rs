@@ -470,7 +470,7 @@ async fn the_migration_dropping_the_event_index_applies_on_a_database_holding_de
     wait_scalar(&app, &deliveries_of(&s), 6, "six deliveries").await;
     // A claim asked for before the last lease still runs (leasing nothing):
     // it must not meet the schema taken back.
-    crate::protocol_support::claims_settled(&app, 0).await;
+    crate::protocol_support::settled_claims(&app, &cred).await;
     assert_eq!(app.scalar(&index_count(&app)).await, 0);
 
     // Back to the schema before 0066 (the index is built over the rows),
