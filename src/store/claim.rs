@@ -243,7 +243,7 @@ async fn claim_batch_in(
     let sessions = open.iter().map(|&i| &claims[i].0.session_id);
     let held = match txn.sqlite(|conn| sqlite::claim::live_leases(conn, sessions.clone(), now)) {
         Some(held) => held?,
-        None => live_leases(&**txn, sessions, now).await?,
+        None => live_leases(&**txn, sessions.map(SessionId::as_str), now).await?,
     };
     // `min(want, capacity - held)` per claim; a session twice in one batch
     // also counts what its earlier claim takes.
@@ -494,44 +494,54 @@ async fn scopes<'a, C: ConnectionTrait>(
 
 /// The sessions' live leases on PostgreSQL: `$1` the session ids joined by
 /// commas, `$2` now (µs); one row `(session_id, n)` per listed session.
-/// Each count reads only `ix_deliveries_leased_session`: the lapse test is
-/// written through `COALESCE`, which cannot prove the predicate of
-/// `ix_deliveries_leased_until` (`lease_until IS NOT NULL`), so no plan,
-/// not even a generic one made on an empty table, walks that index, whose
-/// range above now also holds every ACKED row's old version until VACUUM
-/// (decision 0106).
+/// Each count reads `ix_deliveries_leased_session` from `(session, now)`
+/// on. The lapse test is a row comparison, which the planner does not take
+/// as proof of `lease_until IS NOT NULL`, the predicate of
+/// `ix_deliveries_leased_until`: no plan, not even a generic one made on an
+/// empty table, walks that index, whose range above now also holds every
+/// ACKED row's old version until VACUUM (decision 0106).
 pub const LIVE_LEASES: &str = "SELECT s.id AS session_id, (SELECT count(*) FROM deliveries d \
      WHERE d.lease_session_id = s.id AND d.state = 'LEASED' \
-     AND COALESCE(d.lease_until, 0) > $2) AS n \
+     AND (d.lease_session_id, d.lease_until) > (s.id, $2)) AS n \
      FROM unnest(string_to_array($1, ',')) AS s(id)";
 
-/// LEASED rows with `lease_until > now` of each of `sessions`
-/// (PostgreSQL, [`LIVE_LEASES`]).
-async fn live_leases<'a, C: ConnectionTrait>(
-    txn: &C,
-    sessions: impl Iterator<Item = &'a SessionId>,
+/// LEASED rows with `lease_until > now` of each of `sessions` (a session
+/// without any may be absent). PostgreSQL: [`LIVE_LEASES`]; SQLite, where
+/// an ACK leaves no index entry behind: one grouped query. The claim runs
+/// SQLite's own statement in its round instead (`sqlite::claim`).
+pub(crate) async fn live_leases<'a, C: ConnectionTrait>(
+    conn: &C,
+    sessions: impl Iterator<Item = &'a str>,
     now: Timestamp,
 ) -> Result<HashMap<String, u64>, StoreError> {
-    let sessions = sessions
-        .map(SessionId::as_str)
-        .collect::<Vec<_>>()
-        .join(",");
-    let rows = txn
-        .query_all_raw(sea_orm::Statement::from_sql_and_values(
+    let sessions: Vec<&str> = sessions.collect();
+    let rows: Vec<(String, i64)> = if conn.get_database_backend() == DbBackend::Postgres {
+        conn.query_all_raw(sea_orm::Statement::from_sql_and_values(
             DbBackend::Postgres,
             LIVE_LEASES,
-            [sessions.into(), now.micros().into()],
+            [sessions.join(",").into(), now.micros().into()],
         ))
-        .await?;
-    rows.iter()
-        .map(|row| {
-            let n: i64 = row.try_get("", "n")?;
-            Ok((
-                row.try_get("", "session_id")?,
-                u64::try_from(n).unwrap_or(0),
-            ))
-        })
-        .collect()
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get("", "session_id")?, row.try_get("", "n")?)))
+        .collect::<Result<_, StoreError>>()?
+    } else {
+        delivery::Entity::find()
+            .select_only()
+            .column(delivery::Column::LeaseSessionId)
+            .column_as(Expr::col(delivery::Column::Id).count(), "n")
+            .filter(delivery::Column::LeaseSessionId.is_in(sessions))
+            .filter(state_is(DeliveryState::Leased))
+            .filter(delivery::Column::LeaseUntil.gt(now.micros()))
+            .group_by(delivery::Column::LeaseSessionId)
+            .into_tuple()
+            .all(conn)
+            .await?
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(session, n)| (session, u64::try_from(n).unwrap_or(0)))
+        .collect())
 }
 
 /// [`pick_and_lease`] for `slots` (each the index of its claim's share

@@ -17,7 +17,7 @@ use crate::{
     domain::schema::{Id, Time, Uint64String},
     domain::{DeliveryState, QueueId, Timestamp, TypeSet, now},
     journal,
-    store::{StoreError, state_is},
+    store::{StoreError, claim},
 };
 
 /// `data` of `GET /v1/subscriptions/{id}/status`.
@@ -233,26 +233,17 @@ pub async fn read<C: ConnectionTrait>(
         .order_by_asc(event_session::Column::OpenedAt)
         .all(conn)
         .await?;
-    let held: HashMap<String, i64> = if open.is_empty() {
+    let held = if open.is_empty() {
         HashMap::new()
     } else {
-        let rows: Vec<(String, i64)> = delivery::Entity::find()
-            .select_only()
-            .column(delivery::Column::LeaseSessionId)
-            .expr(Func::count(Expr::col(delivery::Column::Id)))
-            .filter(delivery::Column::LeaseSessionId.is_in(open.iter().map(|s| s.id.as_str())))
-            .filter(state_is(DeliveryState::Leased))
-            .filter(delivery::Column::LeaseUntil.gt(t.micros()))
-            .group_by(delivery::Column::LeaseSessionId)
-            .into_tuple()
-            .all(conn)
-            .await?;
-        rows.into_iter().collect()
+        claim::live_leases(conn, open.iter().map(|s| s.id.as_str()), t).await?
     };
     let sessions: Vec<BoundSession> = open
         .into_iter()
         .map(|s| BoundSession {
-            held: held.get(&s.id).copied().unwrap_or(0),
+            held: held
+                .get(&s.id)
+                .map_or(0, |&n| i64::try_from(n).unwrap_or(i64::MAX)),
             session_id: s.id,
             node_id: s.node_id,
             capacity: s.capacity,
