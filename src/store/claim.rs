@@ -298,16 +298,21 @@ async fn claim_batch_in(
                 std::iter::repeat_n((k, &claims[open[k]].0.session_id), take)
             })
             .collect();
-        lease_slots(
-            txn,
-            backend,
-            subscription_id,
-            &mut slots,
-            now,
-            lease_until,
-            &mut shares,
-        )
-        .await?;
+        // Leases what the subscription's PENDING rows give to `slots`.
+        let pick = async |slots: &mut Vec<(usize, &SessionId)>,
+                          shares: &mut [Vec<(delivery::Model, LeaseSecret)>]| {
+            lease_slots(
+                txn,
+                backend,
+                subscription_id,
+                slots,
+                now,
+                lease_until,
+                shares,
+            )
+            .await
+        };
+        pick(&mut slots, &mut shares).await?;
         // Short of PENDING rows while entries wait below the head:
         // materialize in this transaction and lease what it inserted, one
         // commit instead of two (delivery-model.md §5). The subscription
@@ -339,16 +344,7 @@ async fn claim_batch_in(
             let moved = m.found_cursor > sub.cursor_sequence;
             materialized.insert(run[0], m);
             if backend == DbBackend::Postgres && moved && !slots.is_empty() {
-                lease_slots(
-                    txn,
-                    backend,
-                    subscription_id,
-                    &mut slots,
-                    now,
-                    lease_until,
-                    &mut shares,
-                )
-                .await?;
+                pick(&mut slots, &mut shares).await?;
             }
         }
         behind.insert(subscription_id.as_str(), behind_head);
