@@ -73,7 +73,7 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// 32 MiB (decision 0067). Statement journals and sorts stay in memory
 /// (`temp_store`): they never outlive a transaction, so files only cost
 /// an open, writes and an unlink each time.
-const SQLITE_WAL_AUTOCHECKPOINT: &str = "8192";
+const SQLITE_WAL_AUTOCHECKPOINT: u64 = 8192;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// PostgreSQL advisory lock key serializing migrations ("orbitev1").
 const MIGRATION_LOCK: i64 = 0x6F72_6269_7465_7631;
@@ -143,7 +143,7 @@ impl Database {
                         .busy_timeout(SQLITE_BUSY_TIMEOUT)
                         .synchronous(synchronous)
                         .pragma("temp_store", "memory")
-                        .pragma("wal_autocheckpoint", SQLITE_WAL_AUTOCHECKPOINT)
+                        .pragma("wal_autocheckpoint", SQLITE_WAL_AUTOCHECKPOINT.to_string())
                 });
             opts
         };

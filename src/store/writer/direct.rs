@@ -11,7 +11,9 @@
 
 use std::{
     borrow::Cow,
+    cell::Cell,
     collections::{BTreeMap, HashMap},
+    ffi::c_int,
     fmt,
     sync::{Arc, LazyLock, Mutex, PoisonError, atomic::Ordering},
 };
@@ -47,6 +49,8 @@ struct State {
     begun: bool,
     /// How long `BEGIN IMMEDIATE` may wait for another process's lock.
     busy_timeout: std::time::Duration,
+    /// WAL frames after which a commit checkpoints.
+    wal_autocheckpoint: u64,
     /// Nested transactions a member began (refused, see `begin`).
     nested: usize,
 }
@@ -58,13 +62,15 @@ impl fmt::Debug for Direct {
 }
 
 impl Direct {
-    /// A runner on `conn`, an open round connection ([`open`]).
-    pub(crate) fn new(conn: rusqlite::Connection, busy_timeout: std::time::Duration) -> Direct {
+    /// A runner on `conn`, a round connection opened with `settings`
+    /// ([`open`]).
+    pub(crate) fn new(conn: rusqlite::Connection, settings: &RoundSettings) -> Direct {
         Direct(Arc::new(Mutex::new(State {
             conn: Some(conn),
             failure: None,
             begun: false,
-            busy_timeout,
+            busy_timeout: settings.busy_timeout,
+            wal_autocheckpoint: settings.wal_autocheckpoint,
             nested: 0,
         })))
     }
@@ -126,14 +132,28 @@ impl Direct {
     /// Runs `COMMIT` in place; not when a member failed the round (a
     /// nested transaction). Its fsync holds this thread, but the next
     /// round could not begin before it anyway, and a hand-off to another
-    /// thread and back cost more than the stall (decision 0096).
-    pub(crate) fn commit(&self) -> Result<(), DbErr> {
+    /// thread and back cost more than the stall (decision 0096). Returns
+    /// the frames the WAL holds after it (`None` when it wrote nothing),
+    /// and checkpoints (`PASSIVE`) once they reach `wal_autocheckpoint`,
+    /// as SQLite's own hook would have inside the `COMMIT` (decision 0107).
+    pub(crate) fn commit(&self) -> Result<Option<u64>, DbErr> {
         if let Some(failure) = self.take_failure() {
             return Err(failure);
         }
         let state = self.state();
         let conn = state.conn.as_ref().ok_or_else(closed)?;
-        conn.execute_batch("COMMIT").map_err(|e| exec_err(e, true))
+        WAL_FRAMES.with(|frames| frames.set(None));
+        conn.execute_batch("COMMIT")
+            .map_err(|e| exec_err(e, true))?;
+        let frames = WAL_FRAMES.with(Cell::take);
+        if frames.is_some_and(|frames| frames >= state.wal_autocheckpoint) {
+            // Best effort, as SQLite's: one that fails or finds a reader in
+            // the way is tried again after a later commit.
+            if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::debug!(error = %err, "WAL autocheckpoint failed");
+            }
+        }
+        Ok(frames)
     }
 
     /// Ends a nested transaction of a member (see `begin`): true when one
@@ -297,7 +317,25 @@ pub(crate) struct RoundSettings {
     /// `PRAGMA synchronous` (FULL unless the URL says otherwise).
     pub(crate) synchronous: &'static str,
     pub(crate) busy_timeout: std::time::Duration,
-    pub(crate) wal_autocheckpoint: &'static str,
+    /// WAL frames after which a commit checkpoints (`PRAGMA
+    /// wal_autocheckpoint` on the pools; [`Direct::commit`] here).
+    pub(crate) wal_autocheckpoint: u64,
+}
+
+thread_local! {
+    /// The frames in the WAL after the last commit of a round connection
+    /// on this thread, set by its WAL hook ([`wal_committed`]) inside the
+    /// `COMMIT` and taken right after it by [`Direct::commit`].
+    static WAL_FRAMES: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// A round connection's WAL hook, called inside each `COMMIT` that wrote
+/// frames: keeps how many the WAL holds now. It replaces SQLite's own
+/// hook, the autocheckpoint, which [`Direct::commit`] runs instead. Never
+/// fails: an error here would fail a `COMMIT` that has committed.
+fn wal_committed(_: &rusqlite::hooks::Wal, frames: c_int) -> rusqlite::Result<()> {
+    WAL_FRAMES.with(|cell| cell.set(u64::try_from(frames).ok()));
+    Ok(())
 }
 
 /// Opens a round connection on the database file with the write pool's
@@ -316,8 +354,8 @@ pub(crate) fn open(
     conn.busy_timeout(settings.busy_timeout).map_err(open_err)?;
     let mut pragmas = format!(
         "PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON; PRAGMA synchronous = {}; \
-         PRAGMA temp_store = memory; PRAGMA wal_autocheckpoint = {};",
-        settings.synchronous, settings.wal_autocheckpoint
+         PRAGMA temp_store = memory;",
+        settings.synchronous
     );
     let pages = health.max_page_count.load(Ordering::Acquire);
     if pages > 0 {
@@ -325,6 +363,7 @@ pub(crate) fn open(
     }
     conn.execute_batch(&pragmas).map_err(open_err)?;
     conn.set_prepared_statement_cache_capacity(PREPARED);
+    conn.wal_hook(Some(wal_committed));
     let commits = health.clone();
     // `false`: let the commit go on.
     conn.commit_hook(Some(move || {
@@ -699,7 +738,7 @@ mod tests {
             path,
             synchronous: "FULL",
             busy_timeout: std::time::Duration::from_secs(5),
-            wal_autocheckpoint: "8192",
+            wal_autocheckpoint: 8192,
         };
         let conn = open(&settings, &health).unwrap();
         let pragma = |name: &str| -> String {

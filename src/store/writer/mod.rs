@@ -151,10 +151,7 @@ impl Writer {
             .take();
         match idle {
             Some((opened, conn)) if opened == generation => {
-                return Some(Ok((
-                    generation,
-                    Direct::new(conn.0, rounds.settings.busy_timeout),
-                )));
+                return Some(Ok((generation, Direct::new(conn.0, &rounds.settings))));
             }
             Some(_) => self.round_connection_lost(),
             None => {}
@@ -170,7 +167,7 @@ impl Writer {
             });
         Some(
             opened
-                .map(|conn| (generation, Direct::new(conn, rounds.settings.busy_timeout)))
+                .map(|conn| (generation, Direct::new(conn, &rounds.settings)))
                 .map_err(|err| self.fault(err)),
         )
     }
@@ -230,12 +227,21 @@ impl Writer {
         free < wal.saturating_add(WAL_HEADROOM)
     }
 
-    /// SQLite on a file, after a round committed: a checkpoint in the
-    /// background when the WAL has grown (decision 0096).
-    pub(super) fn checkpoint_in_background(&self) {
-        if let (Some(checkpoints), Some(files)) = (&self.checkpoints, &self.files) {
-            checkpoints.after_commit(files);
+    /// SQLite on a file, after a round committed and left `frames` in the
+    /// WAL: a checkpoint in the background when the WAL has grown
+    /// (decisions 0096, 0107).
+    pub(super) fn checkpoint_in_background(&self, frames: u64) {
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.after_commit(frames);
         }
+    }
+
+    /// Background checkpoints started so far.
+    #[cfg(test)]
+    pub(super) fn background_checkpoints(&self) -> u64 {
+        self.checkpoints
+            .as_ref()
+            .map_or(0, |checkpoints| checkpoints.started())
     }
 
     pub(super) fn connection(&self) -> &DatabaseConnection {

@@ -355,9 +355,6 @@ async fn drive(round: Arc<Round>, db: Database) {
         None => Err(abandoned()),
     };
     drop(closing);
-    if outcome.is_ok() {
-        writer.checkpoint_in_background();
-    }
     if let Err(err) = &outcome
         && err.fault().is_some()
     {
@@ -426,6 +423,7 @@ mod tests {
     use sea_orm::{ConnectionTrait, Statement};
     use tokio::sync::oneshot;
 
+    use super::super::checkpoints;
     use crate::config::DatabaseSettings;
     use crate::store::{Database, StoreError, execute_unprepared};
 
@@ -585,6 +583,38 @@ mod tests {
             );
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_background_checkpoint_waits_for_frames_committed_since_the_last_not_the_wal_files_size()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let db = database(&dir).await;
+        // One commit of 9 MiB: the WAL file keeps that size from now on,
+        // however often it is checkpointed and restarted.
+        write_name(&db, &"x".repeat(9 << 20)).await.unwrap();
+        let wal = dir.path().join("w.db-wal");
+        assert!(std::fs::metadata(&wal).unwrap().len() >= 9 << 20);
+        let started = db.writer.background_checkpoints();
+        assert!(started >= 1, "no background checkpoint after 9 MiB");
+        // Small commits, fewer frames in all than one checkpoint waits
+        // for: at most the one a leftover of the big write asks for.
+        for i in 0..checkpoints::BACKGROUND_FRAMES / 4 {
+            write_name(&db, &format!("z{i}")).await.unwrap();
+        }
+        let after_small = db.writer.background_checkpoints();
+        assert!(
+            after_small <= started + 1,
+            "{} background checkpoints for {} small commits",
+            after_small - started,
+            checkpoints::BACKGROUND_FRAMES / 4
+        );
+        // Another 12 MiB: they start again.
+        let big = "x".repeat(256 * 1024);
+        for i in 0..48 {
+            write_name(&db, &format!("{i:02}{big}")).await.unwrap();
+        }
+        assert!(db.writer.background_checkpoints() > after_small);
     }
 
     #[tokio::test]

@@ -96,17 +96,23 @@ impl WriteTxn {
         let writer = self.writer.clone();
         // The turn is held until after the checkpoint below.
         let (txn, direct, _turn, confirming) = self.ready_to_commit()?.split();
-        let done = match &direct {
+        let (done, wal_frames) = match &direct {
             // A round's: `COMMIT` in place on the round's connection; its
             // mock transaction then ends with nothing left to do.
             Some(direct) => {
                 let done = direct.commit();
                 drop(txn);
-                done
+                match done {
+                    Ok(frames) => (Ok(()), frames),
+                    Err(err) => (Err(err), None),
+                }
             }
-            None => txn.commit().await,
+            None => (txn.commit().await, None),
         };
         confirming.confirm(done)?;
+        if let Some(frames) = wal_frames {
+            writer.checkpoint_in_background(frames);
+        }
         // A round checks the headroom before its next `BEGIN` (`drive`), so
         // that its members are answered first.
         if direct.is_none() {
