@@ -18,9 +18,10 @@ use std::sync::{
 use super::RoundSettings;
 
 /// WAL frames committed since the last background checkpoint after which
-/// another starts: 1 MiB of 4 KiB pages, about a dozen results. Copied this
-/// soon the WAL restarts small and stays in the page cache; 2,048 frames
-/// measured a worse paced p99 and no better throughput (decision 0107).
+/// another starts: 1 MiB of 4 KiB pages, about a dozen results paced one
+/// per commit. Each checkpoint's fsync of the database flushes at most
+/// that much beside the commits' fsyncs; 2,048 frames measured a worse
+/// paced p99 and no better throughput (decision 0107).
 pub(super) const BACKGROUND_FRAMES: u64 = 256;
 
 /// The background checkpoints of one SQLite file.
@@ -74,9 +75,11 @@ impl Checkpoints {
         self.started.fetch_add(1, Ordering::Relaxed);
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            if let Some(frames) = this.checkpoint() {
-                this.copied.store(frames, Ordering::Release);
-            }
+            // One that failed or found the checkpoint lock taken counts as
+            // having copied what it saw, so the next waits as long as after
+            // a success instead of coming with every commit.
+            let copied = this.checkpoint().unwrap_or(frames);
+            this.copied.store(copied, Ordering::Release);
             this.running.store(false, Ordering::Release);
         });
     }
@@ -88,8 +91,9 @@ impl Checkpoints {
     }
 
     /// One `PASSIVE` checkpoint: the frames the WAL held (`None` when it
-    /// failed). A failure drops the connection (the next opens another)
-    /// and is left to the autocheckpoint.
+    /// failed, or found another connection checkpointing and SQLite
+    /// answered -1). A failure drops the connection (the next opens
+    /// another) and is left to the autocheckpoint.
     fn checkpoint(&self) -> Option<u64> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         if conn.is_none() {

@@ -598,8 +598,14 @@ mod tests {
         let started = db.writer.background_checkpoints();
         assert!(started >= 1, "no background checkpoint after 9 MiB");
         // Small commits, fewer frames in all than one checkpoint waits
-        // for: at most the one a leftover of the big write asks for.
+        // for, a quarter of them 20 ms apart as on a node that writes now
+        // and then (a trigger on the file's size, looked at every 10 ms,
+        // started one after each of those): at most the one a leftover
+        // of the big write asks for.
         for i in 0..checkpoints::BACKGROUND_FRAMES / 4 {
+            if i % 4 == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
             write_name(&db, &format!("z{i}")).await.unwrap();
         }
         let after_small = db.writer.background_checkpoints();
