@@ -24,6 +24,16 @@ use super::RoundSettings;
 /// paced p99 and no better throughput (decision 0107).
 pub(super) const BACKGROUND_FRAMES: u64 = 256;
 
+/// One `PASSIVE` checkpoint on `conn`: the frames the WAL held (`None`
+/// when SQLite answered -1: another connection was checkpointing).
+pub(super) fn passive(conn: &rusqlite::Connection) -> rusqlite::Result<Option<u64>> {
+    // (busy, frames in the WAL, frames copied)
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        row.get::<_, i64>(1)
+    })
+    .map(|frames| u64::try_from(frames).ok())
+}
+
 /// The background checkpoints of one SQLite file.
 #[derive(Debug)]
 pub(super) struct Checkpoints {
@@ -106,11 +116,8 @@ impl Checkpoints {
             }
         }
         let Connection(c) = conn.as_ref()?;
-        // (busy, frames in the WAL, frames copied)
-        match c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-            row.get::<_, i64>(1)
-        }) {
-            Ok(frames) => u64::try_from(frames).ok(),
+        match passive(c) {
+            Ok(frames) => frames,
             Err(err) => {
                 tracing::debug!(error = %err, "background WAL checkpoint failed");
                 *conn = None;

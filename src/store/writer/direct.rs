@@ -149,7 +149,7 @@ impl Direct {
         if frames.is_some_and(|frames| frames >= state.wal_autocheckpoint) {
             // Best effort, as SQLite's: one that fails or finds a reader in
             // the way is tried again after a later commit.
-            if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            if let Err(err) = super::checkpoints::passive(conn) {
                 tracing::debug!(error = %err, "WAL autocheckpoint failed");
             }
         }

@@ -102,10 +102,8 @@ impl WriteTxn {
             Some(direct) => {
                 let done = direct.commit();
                 drop(txn);
-                match done {
-                    Ok(frames) => (Ok(()), frames),
-                    Err(err) => (Err(err), None),
-                }
+                let frames = done.as_ref().ok().copied().flatten();
+                (done.map(drop), frames)
             }
             None => (txn.commit().await, None),
         };
