@@ -16,6 +16,7 @@ mod m20261203_000091_idempotency_key_first;
 mod m20261204_000094_ack_tallies;
 mod m20261206_000100_listing_indexes_in_insert_order;
 mod m20261207_000106_lapsed_lease_index_not_null;
+mod m20261207_000108_claim_function;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -35,6 +36,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000094_ack_tallies::Migration),
             Box::new(m20261206_000100_listing_indexes_in_insert_order::Migration),
             Box::new(m20261207_000106_lapsed_lease_index_not_null::Migration),
+            Box::new(m20261207_000108_claim_function::Migration),
         ]
     }
 }

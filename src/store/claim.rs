@@ -20,7 +20,7 @@ use crate::{
     store::{
         Database, Waiter, WriteTxn, history,
         materialize::{LeaseOnInsert, MATERIALIZE_BATCH, Materialized, materialize_and_lease_in},
-        sqlite, state_is, tenancy,
+        postgres, sqlite, state_is, tenancy,
         writer::batch_or_each,
     },
 };
@@ -160,7 +160,9 @@ pub(crate) struct ClaimedSubscription {
 /// batch allows (decision 0089): the credentials, the subscriptions with
 /// their queues' positions, the recovery of their lapsed leases and the
 /// sessions' live leases are each read or written once per batch; the
-/// candidates and the lease once per subscription; the events once.
+/// candidates and the lease once per subscription; the events once. On
+/// PostgreSQL the same steps are one call of a server-side function
+/// (decision 0108, `store::postgres`).
 async fn claim_batch_in(
     txn: &WriteTxn,
     backend: DbBackend,
@@ -169,6 +171,9 @@ async fn claim_batch_in(
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
     if claims.is_empty() {
         return Ok(Vec::new());
+    }
+    if backend == DbBackend::Postgres {
+        return postgres::claim_batch(txn, claims, lease).await;
     }
     let credentials = claims.iter().map(|(t, _)| t.credential_id.as_str());
     let subscription_ids = claims.iter().map(|(t, _)| t.subscription_id.as_str());
@@ -299,25 +304,18 @@ async fn claim_batch_in(
             })
             .collect();
         // Leases what the subscription's PENDING rows give to `slots`.
-        let pick = async |slots: &mut Vec<(usize, &SessionId)>,
-                          shares: &mut [Vec<(delivery::Model, LeaseSecret)>]| {
-            lease_slots(
-                txn,
-                backend,
-                subscription_id,
-                slots,
-                now,
-                lease_until,
-                shares,
-            )
-            .await
-        };
-        pick(&mut slots, &mut shares).await?;
+        lease_slots(
+            txn,
+            subscription_id,
+            &mut slots,
+            now,
+            lease_until,
+            &mut shares,
+        )
+        .await?;
         // Short of PENDING rows while entries wait below the head:
         // materialize in this transaction and lease what it inserted, one
-        // commit instead of two (delivery-model.md §5). The subscription
-        // row is locked after the rows picked, which are SKIP LOCKED: this
-        // claim waits on no row lock while it holds the subscription's.
+        // commit instead of two (delivery-model.md §5).
         let head = sub.position.map_or(0, |p| p.head);
         let mut behind_head = sub.cursor_sequence < head;
         if !slots.is_empty() && behind_head {
@@ -336,16 +334,7 @@ async fn claim_batch_in(
             for ((k, _), row) in slots.drain(..filled).zip(leased) {
                 shares[k].push(row);
             }
-            // PostgreSQL: another node's transaction held the subscription
-            // row while it inserted PENDING rows the first pick could not
-            // see yet (the cursor moved); after the lock they are
-            // committed, and a claim left short by them would not be asked
-            // again before the poll (decision 0105).
-            let moved = m.found_cursor > sub.cursor_sequence;
             materialized.insert(run[0], m);
-            if backend == DbBackend::Postgres && moved && !slots.is_empty() {
-                pick(&mut slots, &mut shares).await?;
-            }
         }
         behind.insert(subscription_id.as_str(), behind_head);
     }
@@ -383,23 +372,7 @@ async fn claim_batch_in(
             ));
         };
         let exhausted = (share.len() as u64) < takes[k];
-        let mut deliveries = Vec::with_capacity(share.len());
-        for (delivery, secret) in share {
-            let event = event_of(&delivery.event_id).ok_or_else(|| {
-                StoreError::invariant(format!(
-                    "event {} of delivery {} is missing",
-                    delivery.event_id, delivery.id
-                ))
-            })?;
-            deliveries.push(LeasedDelivery {
-                delivery,
-                event,
-                secret,
-            });
-        }
-        deliveries.sort_by(|a, b| {
-            (a.delivery.sequence, &a.delivery.id).cmp(&(b.delivery.sequence, &b.delivery.id))
-        });
+        let deliveries = in_order(share, &mut event_of)?;
         outcomes[i] = Some(ClaimOutcome::Leased {
             deliveries,
             exhausted,
@@ -411,6 +384,33 @@ async fn claim_batch_in(
         });
     }
     Ok(outcomes.into_iter().flatten().collect())
+}
+
+/// A claim's leased rows with their events, in `(sequence, id)` order;
+/// `event_of` gives the event of an id (a missing one is an invariant
+/// broken).
+pub(crate) fn in_order(
+    share: Vec<(delivery::Model, LeaseSecret)>,
+    mut event_of: impl FnMut(&str) -> Option<RenderedEvent>,
+) -> Result<Vec<LeasedDelivery>, StoreError> {
+    let mut deliveries = Vec::with_capacity(share.len());
+    for (delivery, secret) in share {
+        let event = event_of(&delivery.event_id).ok_or_else(|| {
+            StoreError::invariant(format!(
+                "event {} of delivery {} is missing",
+                delivery.event_id, delivery.id
+            ))
+        })?;
+        deliveries.push(LeasedDelivery {
+            delivery,
+            event,
+            secret,
+        });
+    }
+    deliveries.sort_by(|a, b| {
+        (a.delivery.sequence, &a.delivery.id).cmp(&(b.delivery.sequence, &b.delivery.id))
+    });
+    Ok(deliveries)
 }
 
 /// `subscriptions` by id, each with its queue's head and floor, in one
@@ -545,7 +545,6 @@ pub(crate) async fn live_leases<'a, C: ConnectionTrait>(
 /// and keeps in `slots` only those left unfilled, in order.
 async fn lease_slots(
     txn: &WriteTxn,
-    backend: DbBackend,
     subscription_id: &SubscriptionId,
     slots: &mut Vec<(usize, &SessionId)>,
     at: Timestamp,
@@ -557,9 +556,7 @@ async fn lease_slots(
         sqlite::claim::pick_and_lease(conn, subscription_id.as_str(), &sessions, at, lease_until)
     }) {
         Some(leased) => leased?,
-        None => {
-            pick_and_lease(&**txn, backend, subscription_id, &sessions, at, lease_until).await?
-        }
+        None => pick_and_lease(&**txn, subscription_id, &sessions, at, lease_until).await?,
     };
     let mut filled = vec![false; slots.len()];
     for (n, row, secret) in leased {
@@ -579,11 +576,11 @@ async fn lease_slots(
 /// and leases the n-th of them to the session `slots[n]`, in one
 /// statement (decision 0089): `lease_epoch += 1, attempts += 1, revision
 /// += 1`, `leased_at = at`, `lease_until`, the session and the digest of the
-/// row's own fresh secret. PostgreSQL picks `FOR UPDATE SKIP LOCKED`.
+/// row's own fresh secret. SQLite through sqlx (an in-memory database);
+/// PostgreSQL runs the same statement as `orbit_claim_pick` (0108).
 /// Returns the leased rows, each with its slot's index and its secret.
 async fn pick_and_lease<C: ConnectionTrait>(
     txn: &C,
-    backend: DbBackend,
     subscription_id: &SubscriptionId,
     slots: &[&SessionId],
     at: Timestamp,
@@ -595,10 +592,7 @@ async fn pick_and_lease<C: ConnectionTrait>(
     let mut values: Vec<sea_orm::Value> = Vec::with_capacity(4 + 2 * slots.len());
     let mut bind = |value: sea_orm::Value| {
         values.push(value);
-        match backend {
-            DbBackend::Postgres => format!("${}", values.len()),
-            _ => "?".to_owned(),
-        }
+        "?"
     };
     // Bound in the order they appear in the text (SQLite's `?`).
     let sub = bind(subscription_id.as_str().into());
@@ -619,23 +613,16 @@ async fn pick_and_lease<C: ConnectionTrait>(
         assignment.push_str(&format!("({}, {session}, {digest_param})", n + 1));
         by_digest.insert(digest, (n, secret));
     }
-    let skip_locked = if backend == DbBackend::Postgres {
-        " FOR UPDATE SKIP LOCKED"
-    } else {
-        ""
-    };
     let returning = delivery::Column::iter()
         .map(|c| c.as_str())
         .collect::<Vec<_>>()
         .join(", ");
     let sql = format!(
-        // The picked rows are materialized once: a plan that scanned them
-        // again (SKIP LOCKED) could rank other rows the second time.
         "WITH picked AS MATERIALIZED (SELECT picked_id, row_number() OVER \
          (ORDER BY picked_sequence, picked_id) AS picked_rank \
          FROM (SELECT id AS picked_id, sequence AS picked_sequence FROM deliveries \
          WHERE subscription_id = {sub} AND state = 'PENDING' AND available_at <= {available} \
-         AND attempts < attempt_budget ORDER BY sequence, id LIMIT {limit}{skip_locked}) \
+         AND attempts < attempt_budget ORDER BY sequence, id LIMIT {limit}) \
          AS candidates) \
          UPDATE deliveries SET state = 'LEASED', lease_epoch = lease_epoch + 1, \
          attempts = attempts + 1, revision = revision + 1, leased_at = {set_leased_at}, \
@@ -648,7 +635,9 @@ async fn pick_and_lease<C: ConnectionTrait>(
     );
     let rows = txn
         .query_all_raw(sea_orm::Statement::from_sql_and_values(
-            backend, sql, values,
+            DbBackend::Sqlite,
+            sql,
+            values,
         ))
         .await?;
     let mut leased = Vec::with_capacity(rows.len());
@@ -689,7 +678,7 @@ pub struct Exhausted {
 
 impl Recovered {
     /// What a recovery did, from its rows after recovery.
-    fn of<'a>(rows: impl Iterator<Item = &'a delivery::Model>) -> Self {
+    pub(crate) fn of<'a>(rows: impl Iterator<Item = &'a delivery::Model>) -> Self {
         let mut recovered = Recovered::default();
         for d in rows {
             if d.state == DeliveryState::Expired {

@@ -22,6 +22,7 @@ pub mod history;
 pub mod idempotency;
 pub mod list_cursor;
 pub mod materialize;
+pub(crate) mod postgres;
 pub mod publish;
 pub mod retention;
 pub mod sessions;

@@ -141,7 +141,8 @@ fn statements(pg: bool, queue: &str, sub: &str) -> Vec<HotPath> {
         ),
         // claim: the batch's credentials, its subscriptions with their
         // queues' positions, recovery of their lapsed leases, the
-        // sessions' live leases, candidates, one lease per row, render.
+        // sessions' live leases, candidates, one lease per row, render
+        // (on PostgreSQL the statements of `orbit_claim_batch`, 0108).
         hot(
             "tenancy::principals_by_id",
             format!("SELECT * FROM credentials WHERE id IN ('{SESSION}', '{DELIVERY}')"),

@@ -418,8 +418,10 @@ async fn a_claim_that_waited_for_another_nodes_materialization_leases_the_rows_i
     crate::protocol_support::publish_n(&app, &cred, 2, "task.succeeded").await;
     crate::protocol_support::wait_until("the claim waits for the subscription row", || async {
         app.scalar(
+            // The claim batch is one call (decision 0108); the only lock
+            // it can wait for here is the subscription row's.
             "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND query LIKE '%FROM \"subscriptions\"%FOR UPDATE%'",
+             AND query LIKE '%orbit_claim_batch%'",
         )
         .await
             == 1

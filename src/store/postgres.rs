@@ -1,0 +1,259 @@
+//! The claim on PostgreSQL: one call of `orbit_claim_batch` (migration
+//! 0108) in the claim's transaction instead of twelve statements, each a
+//! round trip (decision 0108). The rules are the ones `claim.rs` and
+//! `materialize.rs` carry out on SQLite; the node gives the function the
+//! lease digests and delivery ids it may use, keeps the secrets, and turns
+//! the rows it returns into one outcome per claim.
+
+use std::collections::HashMap;
+
+use entity::delivery;
+use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, QueryResult, Statement};
+
+use crate::{
+    domain::{DeliveryId, LeaseSecret, QueueId, Timestamp, now},
+    journal::RenderedEvent,
+    store::{
+        StoreError, WriteTxn,
+        claim::{self, ClaimOutcome, ClaimTarget, Recovered},
+        materialize::{MATERIALIZE_BATCH, Materialized},
+    },
+};
+
+/// Claims of one batch ([`crate::store::claim`]'s `claim_batch_in`) in one
+/// statement; one outcome per claim, in order. `Err`: the statement failed
+/// and the caller's transaction writes nothing.
+pub(crate) async fn claim_batch(
+    txn: &WriteTxn,
+    claims: &[(ClaimTarget, u32)],
+    lease: std::time::Duration,
+) -> Result<Vec<ClaimOutcome>, StoreError> {
+    let now = now();
+    let lease_until = now.plus(lease);
+    // A session whose connection closed while its claim waited for the
+    // transaction takes nothing: its rows would only come back one lease
+    // later.
+    let wants: Vec<u32> = claims
+        .iter()
+        .map(|(target, want)| {
+            if target.waiter.gone() {
+                0
+            } else {
+                Ord::min(*want, target.capacity)
+            }
+        })
+        .collect();
+    let rows_at_most = wants.iter().map(|&w| w as usize).sum();
+    let mut secrets: HashMap<String, LeaseSecret> = HashMap::with_capacity(rows_at_most);
+    let mut digests = Vec::with_capacity(rows_at_most);
+    let mut ids = Vec::with_capacity(rows_at_most);
+    for _ in 0..rows_at_most {
+        let secret = LeaseSecret::generate();
+        let digest = secret.digest_hex();
+        digests.push(digest.clone());
+        secrets.insert(digest, secret);
+        ids.push(DeliveryId::generate().into_string());
+    }
+    let joined = |field: fn(&ClaimTarget) -> String| {
+        claims
+            .iter()
+            .map(|(t, _)| field(t))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let values: Vec<sea_orm::Value> = vec![
+        joined(|t| t.credential_id.as_str().to_owned()).into(),
+        joined(|t| t.subscription_id.as_str().to_owned()).into(),
+        joined(|t| t.session_id.as_str().to_owned()).into(),
+        wants
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+            .into(),
+        joined(|t| t.capacity.to_string()).into(),
+        digests.join(",").into(),
+        ids.join(",").into(),
+        now.micros().into(),
+        lease_until.micros().into(),
+        i32::try_from(MATERIALIZE_BATCH).unwrap_or(i32::MAX).into(),
+    ];
+    let rows = txn
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            CLAIM_BATCH,
+            values,
+        ))
+        .await?;
+    outcomes(claims, rows, secrets)
+}
+
+/// The call; its rows are described in migration 0108.
+const CLAIM_BATCH: &str =
+    "SELECT * FROM orbit_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// What the function said about one subscription.
+struct Run {
+    queue_id: String,
+    behind_head: bool,
+    materialized: Option<Materialized>,
+}
+
+/// The rows of one call as one outcome per claim, in order.
+fn outcomes(
+    claims: &[(ClaimTarget, u32)],
+    rows: Vec<QueryResult>,
+    mut secrets: HashMap<String, LeaseSecret>,
+) -> Result<Vec<ClaimOutcome>, StoreError> {
+    let mut codes: Vec<Option<(String, Option<i64>)>> = (0..claims.len()).map(|_| None).collect();
+    let mut runs: HashMap<String, Run> = HashMap::new();
+    let mut lapsed: Vec<delivery::Model> = Vec::new();
+    let mut shares: Vec<Vec<(delivery::Model, LeaseSecret)>> = std::iter::repeat_with(Vec::new)
+        .take(claims.len())
+        .collect();
+    let mut events: HashMap<String, RenderedEvent> = HashMap::new();
+    let claim_index = |row: &QueryResult| -> Result<usize, StoreError> {
+        let k: i32 = row.try_get("", "o_k")?;
+        usize::try_from(k)
+            .ok()
+            .and_then(|k| k.checked_sub(1))
+            .filter(|&k| k < claims.len())
+            .ok_or_else(|| StoreError::invariant(format!("a claim row for claim {k}")))
+    };
+    for row in &rows {
+        let kind: String = row.try_get("", "o_kind")?;
+        match kind.as_str() {
+            "claim" => {
+                let k = claim_index(row)?;
+                codes[k] = Some((row.try_get("", "o_code")?, row.try_get("", "o_n1")?));
+            }
+            "subscription" => {
+                let flags: i32 = row.try_get("", "o_flags")?;
+                let materialized = (flags & 2 != 0)
+                    .then(|| -> Result<Materialized, StoreError> {
+                        let count = |column: &str| -> Result<u64, StoreError> {
+                            let n: i64 = row.try_get("", column)?;
+                            Ok(u64::try_from(n).unwrap_or(0))
+                        };
+                        let gap: Option<i64> = row.try_get("", "o_n4")?;
+                        Ok(Materialized {
+                            inserted: count("o_n1")?,
+                            more: flags & 4 != 0,
+                            history_gap: gap.map(|g| u64::try_from(g).unwrap_or(0)),
+                            idle: flags & 8 != 0,
+                            caught_up: flags & 16 != 0,
+                            window_full: flags & 32 != 0,
+                            found_cursor: row.try_get("", "o_n2")?,
+                            refill_after: count("o_n3")?,
+                        })
+                    })
+                    .transpose()?;
+                let run = Run {
+                    queue_id: row.try_get("", "o_code")?,
+                    behind_head: flags & 1 != 0,
+                    materialized,
+                };
+                runs.insert(row.try_get("", "o_sub")?, run);
+            }
+            "lapsed" => lapsed.push(delivery::Model::from_query_result(row, "d_")?),
+            "leased" => {
+                let k = claim_index(row)?;
+                let d = delivery::Model::from_query_result(row, "d_")?;
+                let secret = d
+                    .lease_digest
+                    .as_deref()
+                    .and_then(|digest| secrets.remove(digest))
+                    .ok_or_else(|| {
+                        StoreError::invariant(format!(
+                            "delivery {} was leased but not asked for",
+                            d.id
+                        ))
+                    })?;
+                shares[k].push((d, secret));
+            }
+            "event" => {
+                let event = event_of(row)?;
+                events.insert(event.id.clone(), event);
+            }
+            other => {
+                return Err(StoreError::invariant(format!(
+                    "orbit_claim_batch returned a row of kind {other}"
+                )));
+            }
+        }
+    }
+
+    let mut recovered: HashMap<String, Vec<delivery::Model>> = HashMap::new();
+    for d in lapsed {
+        recovered
+            .entry(d.subscription_id.clone())
+            .or_default()
+            .push(d);
+    }
+    let mut out = Vec::with_capacity(claims.len());
+    for (k, ((target, _), share)) in claims.iter().zip(shares).enumerate() {
+        let Some((code, number)) = codes[k].take() else {
+            return Err(StoreError::invariant(format!(
+                "orbit_claim_batch said nothing of claim {}",
+                k + 1
+            )));
+        };
+        let number = number.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+        let outcome = match code.as_str() {
+            "revoked" => ClaimOutcome::Revoked,
+            "gone" => ClaimOutcome::Gone,
+            "paused" => ClaimOutcome::Paused,
+            "history_expired" => ClaimOutcome::HistoryExpired(number),
+            "open" => {
+                let subscription_id = target.subscription_id.as_str();
+                let run = runs.get_mut(subscription_id).ok_or_else(|| {
+                    StoreError::invariant(format!(
+                        "orbit_claim_batch said nothing of subscription {subscription_id}"
+                    ))
+                })?;
+                let exhausted = (share.len() as u64) < number;
+                let deliveries = claim::in_order(share, |id| events.get(id).cloned())?;
+                ClaimOutcome::Leased {
+                    deliveries,
+                    exhausted,
+                    // Counted once, with the subscription's first claim.
+                    recovered: recovered
+                        .remove(subscription_id)
+                        .map(|rows| Recovered::of(rows.iter()))
+                        .unwrap_or_default(),
+                    materialized: run.materialized.take(),
+                    behind_head: run.behind_head,
+                    queue_id: QueueId::from_db(run.queue_id.clone()),
+                }
+            }
+            other => {
+                return Err(StoreError::invariant(format!(
+                    "orbit_claim_batch answered claim {} with {other}",
+                    k + 1
+                )));
+            }
+        };
+        out.push(outcome);
+    }
+    Ok(out)
+}
+
+/// An `event` row as delivered.
+fn event_of(row: &QueryResult) -> Result<RenderedEvent, StoreError> {
+    let raw = |column: &str| -> Result<Box<serde_json::value::RawValue>, StoreError> {
+        let text: String = row.try_get("", column)?;
+        serde_json::value::RawValue::from_string(text)
+            .map_err(|e| StoreError::invariant(format!("stored JSON: {e}")))
+    };
+    Ok(RenderedEvent {
+        id: row.try_get("", "e_id")?,
+        sequence: row.try_get("", "e_sequence")?,
+        event_type: row.try_get("", "e_type")?,
+        aggregate_kind: row.try_get("", "e_aggregate_kind")?,
+        aggregate_id: row.try_get("", "e_aggregate_id")?,
+        aggregate_revision: row.try_get("", "e_aggregate_revision")?,
+        occurred_at: Timestamp(row.try_get("", "e_occurred_at")?),
+        details: raw("e_details")?,
+        snapshot: raw("e_snapshot")?,
+    })
+}
