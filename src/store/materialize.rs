@@ -39,10 +39,6 @@ pub struct Materialized {
     /// (`max_pending`) is full: nothing more can be inserted until about
     /// `refill_after` deliveries were acknowledged (decision 0062).
     pub window_full: bool,
-    /// The cursor it found under the row lock (0 when it read nothing):
-    /// above the one a claim read before, another transaction materialized
-    /// meanwhile (decision 0105).
-    pub found_cursor: i64,
     /// ACKs after which a materialization of a full window is worth its
     /// transaction: a quarter of `max_pending`, at most one batch
     /// ([`MATERIALIZE_BATCH`]), at least 1 (decisions 0062, 0067).
@@ -274,7 +270,6 @@ pub(crate) async fn materialize_and_lease_in(
         caught_up: cursor == pos.head,
         window_full: stopped_for_room,
         refill_after: refill_after(max_pending, batch),
-        found_cursor: sub.cursor_sequence,
     };
     Ok((m, leased))
 }
@@ -369,5 +364,4 @@ const IDLE: Materialized = Materialized {
     caught_up: false,
     window_full: false,
     refill_after: 0,
-    found_cursor: 0,
 };

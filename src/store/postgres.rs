@@ -54,24 +54,13 @@ pub(crate) async fn claim_batch(
         secrets.insert(digest, secret);
         ids.push(DeliveryId::generate().into_string());
     }
-    let joined = |field: fn(&ClaimTarget) -> String| {
-        claims
-            .iter()
-            .map(|(t, _)| field(t))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
+    let targets = || claims.iter().map(|(t, _)| t);
     let values: Vec<sea_orm::Value> = vec![
-        joined(|t| t.credential_id.as_str().to_owned()).into(),
-        joined(|t| t.subscription_id.as_str().to_owned()).into(),
-        joined(|t| t.session_id.as_str().to_owned()).into(),
-        wants
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-            .into(),
-        joined(|t| t.capacity.to_string()).into(),
+        comma(targets().map(|t| t.credential_id.as_str())).into(),
+        comma(targets().map(|t| t.subscription_id.as_str())).into(),
+        comma(targets().map(|t| t.session_id.as_str())).into(),
+        comma(wants.iter()).into(),
+        comma(targets().map(|t| t.capacity)).into(),
         digests.join(",").into(),
         ids.join(",").into(),
         now.micros().into(),
@@ -88,7 +77,29 @@ pub(crate) async fn claim_batch(
     outcomes(claims, rows, secrets)
 }
 
-/// The call; its rows are described in migration 0108.
+/// `items` joined by commas, as the function's lists travel (ids are hex).
+fn comma<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    let mut out = String::new();
+    for (n, item) in items.enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        out.push_str(&item.to_string());
+    }
+    out
+}
+
+/// The `o_flags` bits of a `subscription` row (migration 0108).
+const BEHIND_HEAD: i32 = 1;
+const MATERIALIZED: i32 = 2;
+const MORE: i32 = 4;
+const IDLE: i32 = 8;
+const CAUGHT_UP: i32 = 16;
+const WINDOW_FULL: i32 = 32;
+
+/// The call; its rows are described in migration 0108 (`o_n2` of a
+/// `subscription` row, the cursor found under the lock, is the function's
+/// own: it decides the second pick there).
 const CLAIM_BATCH: &str =
     "SELECT * FROM orbit_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
@@ -129,7 +140,7 @@ fn outcomes(
             }
             "subscription" => {
                 let flags: i32 = row.try_get("", "o_flags")?;
-                let materialized = (flags & 2 != 0)
+                let materialized = (flags & MATERIALIZED != 0)
                     .then(|| -> Result<Materialized, StoreError> {
                         let count = |column: &str| -> Result<u64, StoreError> {
                             let n: i64 = row.try_get("", column)?;
@@ -138,19 +149,18 @@ fn outcomes(
                         let gap: Option<i64> = row.try_get("", "o_n4")?;
                         Ok(Materialized {
                             inserted: count("o_n1")?,
-                            more: flags & 4 != 0,
+                            more: flags & MORE != 0,
                             history_gap: gap.map(|g| u64::try_from(g).unwrap_or(0)),
-                            idle: flags & 8 != 0,
-                            caught_up: flags & 16 != 0,
-                            window_full: flags & 32 != 0,
-                            found_cursor: row.try_get("", "o_n2")?,
+                            idle: flags & IDLE != 0,
+                            caught_up: flags & CAUGHT_UP != 0,
+                            window_full: flags & WINDOW_FULL != 0,
                             refill_after: count("o_n3")?,
                         })
                     })
                     .transpose()?;
                 let run = Run {
                     queue_id: row.try_get("", "o_code")?,
-                    behind_head: flags & 1 != 0,
+                    behind_head: flags & BEHIND_HEAD != 0,
                     materialized,
                 };
                 runs.insert(row.try_get("", "o_sub")?, run);
