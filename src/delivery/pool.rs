@@ -152,7 +152,9 @@ pub struct HoldClaims(pub Option<HoldPoint>);
 pub enum HoldPoint {
     /// Before the transaction begins (no database resource held).
     BeforeTransaction,
-    /// Right after `BEGIN` (on SQLite: holding the write lock).
+    /// Right after `BEGIN` (on SQLite: holding the write lock); on
+    /// PostgreSQL, whose claim is one statement without `BEGIN` (decision
+    /// 0109), right before that statement.
     InsideTransaction,
 }
 

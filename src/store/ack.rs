@@ -8,8 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use entity::{credential, delivery};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, EntityTrait, QueryFilter,
-    QuerySelect, Statement,
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement,
 };
 
 use crate::{
@@ -303,7 +302,7 @@ async fn write_acks(
     candidates: &[usize],
     at: Timestamp,
 ) -> Result<HashMap<String, String>, StoreError> {
-    db.write(async |txn| write_acks_in(txn, requests, candidates, at).await)
+    db.write_statement(async |conn| write_acks_in(conn, requests, candidates, at).await)
         .await
 }
 
@@ -336,9 +335,10 @@ pub const WRITE_ACKS: &str = "WITH a AS (SELECT * FROM unnest(string_to_array($1
      SELECT subscription_id, count(*) FROM acked GROUP BY subscription_id) \
      SELECT id, event_id FROM acked";
 
-/// The statement of [`write_acks`], inside `txn` (PostgreSQL).
+/// The statement of [`write_acks`], in a transaction of its own
+/// (PostgreSQL, decision 0109).
 async fn write_acks_in(
-    txn: &DatabaseTransaction,
+    conn: &impl ConnectionTrait,
     requests: &[AckRequest],
     candidates: &[usize],
     at: Timestamp,
@@ -357,7 +357,7 @@ async fn write_acks_in(
         list(&|r| r.credential_id.as_str().to_owned()).into(),
         at.micros().into(),
     ];
-    let rows = txn
+    let rows = conn
         .query_all_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             WRITE_ACKS,

@@ -89,9 +89,11 @@ pub enum ClaimOutcome {
 /// One outcome per claim, in order. The claims share one transaction
 /// ([`claim_batch_after`]) under the writer's batch rule
 /// ([`batch_or_each`]: a fault fails them all, a claim the database refuses
-/// runs again alone). `pause` is awaited once, right after the first
-/// transaction began (on SQLite: while holding the write lock); test builds
-/// pass a hook there to keep claims stuck inside their transaction.
+/// runs again alone); on PostgreSQL that transaction is the one statement
+/// of [`postgres::claim_batch`] (decision 0109). `pause` is awaited once,
+/// right after the first transaction began (on SQLite: while holding the
+/// write lock; on PostgreSQL: before the statement); test builds pass a
+/// hook there to keep claims stuck inside their transaction.
 pub async fn claim_each(
     db: &Database,
     claims: &[(ClaimTarget, u32)],
@@ -137,11 +139,22 @@ async fn claim_batch_after(
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
     // Only the first run pauses (a member spoiled by another runs again).
     let mut pause = pause;
+    if db.backend() == DbBackend::Postgres {
+        if let Some(pause) = pause.take() {
+            pause.await;
+        }
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        return db
+            .write_statement(async |conn| postgres::claim_batch(conn, claims, lease).await)
+            .await;
+    }
     db.write(async |txn| {
         if let Some(pause) = pause.take() {
             pause.await;
         }
-        claim_batch_in(txn, db.backend(), claims, lease).await
+        claim_batch_in(txn, claims, lease).await
     })
     .await
 }
@@ -165,15 +178,11 @@ pub(crate) struct ClaimedSubscription {
 /// (decision 0108, `store::postgres`).
 async fn claim_batch_in(
     txn: &WriteTxn,
-    backend: DbBackend,
     claims: &[(ClaimTarget, u32)],
     lease: Duration,
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
     if claims.is_empty() {
         return Ok(Vec::new());
-    }
-    if backend == DbBackend::Postgres {
-        return postgres::claim_batch(txn, claims, lease).await;
     }
     let credentials = claims.iter().map(|(t, _)| t.credential_id.as_str());
     let subscription_ids = claims.iter().map(|(t, _)| t.subscription_id.as_str());

@@ -246,6 +246,17 @@ impl Database {
         }
     }
 
+    /// PostgreSQL: `body`'s one statement in a transaction of its own, its
+    /// answer after its commit ([`writer::Writer::write_statement`],
+    /// decision 0109): the claim batch and the ACK batch, each a single
+    /// statement there.
+    pub async fn write_statement<T, F>(&self, body: F) -> Result<T, StoreError>
+    where
+        F: for<'c> AsyncFnMut(&'c DatabaseConnection) -> Result<T, StoreError>,
+    {
+        self.writer.write_statement(body).await
+    }
+
     /// True while the database refuses writes: the last write transaction
     /// failed on a fault and none has committed since (decision 0076).
     pub fn refusing_writes(&self) -> bool {

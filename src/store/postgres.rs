@@ -1,6 +1,6 @@
 //! The claim on PostgreSQL: one call of `orbit_claim_batch` (migration
-//! 0108) in the claim's transaction instead of twelve statements, each a
-//! round trip (decision 0108). The rules are the ones `claim.rs` and
+//! 0108) instead of twelve statements, each a round trip (decision 0108),
+//! run alone in a transaction of its own (decision 0109). The rules are the ones `claim.rs` and
 //! `materialize.rs` carry out on SQLite; the node gives the function the
 //! lease digests and delivery ids it may use, keeps the secrets, and turns
 //! the rows it returns into one outcome per claim.
@@ -14,17 +14,18 @@ use crate::{
     domain::{DeliveryId, LeaseSecret, QueueId, Timestamp, now},
     journal::RenderedEvent,
     store::{
-        StoreError, WriteTxn,
+        StoreError,
         claim::{self, ClaimOutcome, ClaimTarget, Recovered},
         materialize::{MATERIALIZE_BATCH, Materialized},
     },
 };
 
-/// Claims of one batch ([`crate::store::claim`]'s `claim_batch_in`) in one
-/// statement; one outcome per claim, in order. `Err`: the statement failed
-/// and the caller's transaction writes nothing.
+/// Claims of one batch (as [`crate::store::claim`]'s `claim_batch_in` on
+/// SQLite) in one statement on `conn`, outside any explicit transaction
+/// (decision 0109); one outcome per claim, in order. `Err`: the statement
+/// failed and wrote nothing.
 pub(crate) async fn claim_batch(
-    txn: &WriteTxn,
+    conn: &impl ConnectionTrait,
     claims: &[(ClaimTarget, u32)],
     lease: std::time::Duration,
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
@@ -67,7 +68,7 @@ pub(crate) async fn claim_batch(
         lease_until.micros().into(),
         i32::try_from(MATERIALIZE_BATCH).unwrap_or(i32::MAX).into(),
     ];
-    let rows = txn
+    let rows = conn
         .query_all_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             CLAIM_BATCH,

@@ -15,6 +15,7 @@ use orbit_events::{
 };
 use rand::RngExt;
 use sea_orm::{ConnectionTrait, Statement};
+use serde_json::json;
 
 use crate::helpers::*;
 
@@ -149,4 +150,116 @@ async fn eight_concurrent_appenders_on_one_queue_commit_in_sequence_order_so_no_
         backend_name()
     ));
     app.assert_invariants().await;
+}
+
+/// A lease and an ACK are announced only once committed (delivery-model.md
+/// §5; on PostgreSQL each is one statement without `BEGIN`, decision
+/// 0109): with a deferred trigger that fails the commit after the
+/// statement returned its rows, no `event.deliver` and no `ack` is sent and
+/// nothing is written; once the trigger is gone both go through.
+#[actix_web::test]
+async fn a_lease_or_an_ack_whose_commit_fails_after_its_statement_ran_is_never_announced() {
+    if skip_unless_backend("postgres", "deferred constraint triggers are PostgreSQL's") {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.lease_ms = 1_000).await;
+    let cred = app.bootstrap().await;
+    let sub = app.subscribe(&cred, json!({})).await;
+    let sub_id = sub["id"].as_str().unwrap().to_owned();
+    let mut ws = app.bind(&cred.token, &sub_id, 1).await;
+    let fail_at_commit = |state: &str| {
+        format!(
+            "CREATE CONSTRAINT TRIGGER fail_{state} AFTER INSERT OR UPDATE ON deliveries \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.state = '{state}') \
+             EXECUTE FUNCTION fail_at_commit()"
+        )
+    };
+    crate::http_support::execute(
+        &app,
+        "CREATE FUNCTION fail_at_commit() RETURNS trigger AS $$ BEGIN \
+         RAISE EXCEPTION 'this commit fails'; END $$ LANGUAGE plpgsql",
+    )
+    .await;
+    crate::http_support::execute(&app, &fail_at_commit("LEASED")).await;
+
+    let claim_errors = || async {
+        let text = app
+            .http
+            .get(format!("{}/metrics", app.address))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with("orbit_events_database_errors_total{operation=\"claim\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    app.publish(&cred, vec![result(&cred.queue_id, "task.succeeded")])
+        .await;
+    crate::protocol_support::wait_until("a claim failed at its commit", || async {
+        claim_errors().await >= 1.0
+    })
+    .await;
+    // The session hears that its claim failed (`UNAVAILABLE`, then the
+    // close), never of the lease.
+    while let Some(Received::Frame(frame)) = ws.recv_within(Duration::from_millis(200)).await {
+        assert_eq!(
+            frame["type"], "error",
+            "a lease whose commit failed: {frame:#}"
+        );
+        assert_eq!(frame["error"]["code"], "UNAVAILABLE", "{frame:#}");
+    }
+    assert_eq!(
+        app.scalar("SELECT count(*) FROM deliveries WHERE state = 'LEASED'")
+            .await,
+        0,
+        "a failed commit left a lease"
+    );
+
+    crate::http_support::execute(&app, "DROP TRIGGER fail_LEASED ON deliveries").await;
+    let mut ws = app.bind(&cred.token, &sub_id, 1).await;
+    let deliver = ws.delivery().await;
+    crate::http_support::execute(&app, &fail_at_commit("ACKED")).await;
+    let body = &deliver["body"];
+    let ack = ws.envelope(
+        "event.ack",
+        json!({
+            "delivery_id": body["delivery"]["id"],
+            "epoch": body["delivery"]["lease_epoch"],
+            "lease_secret": body["lease_secret"],
+        }),
+    );
+    ws.send_json(ack).await;
+    // Answered `UNAVAILABLE` (then the close), never `ack`.
+    while let Some(Received::Frame(frame)) = ws.recv_within(Duration::from_millis(200)).await {
+        assert_eq!(
+            frame["type"], "error",
+            "an ACK whose commit failed: {frame:#}"
+        );
+        assert_eq!(frame["error"]["code"], "UNAVAILABLE", "{frame:#}");
+    }
+    assert_eq!(
+        app.scalar("SELECT count(*) FROM deliveries WHERE state = 'ACKED'")
+            .await,
+        0,
+        "a failed commit left an ACK"
+    );
+    crate::http_support::execute(&app, "DROP TRIGGER fail_ACKED ON deliveries").await;
+    // The lease lapses (1 s) and the delivery is offered again.
+    let mut ws = app.bind(&cred.token, &sub_id, 1).await;
+    let deliver = ws.delivery().await;
+    assert_eq!(
+        deliver["body"]["delivery"]["lease_epoch"], "2",
+        "{deliver:#}"
+    );
+    let acked = ws.ack(&deliver).await;
+    assert_eq!(acked["type"], "ack", "{acked:#}");
+    assert_eq!(
+        app.scalar("SELECT count(*) FROM deliveries WHERE state = 'ACKED'")
+            .await,
+        1
+    );
 }

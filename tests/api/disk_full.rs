@@ -227,6 +227,31 @@ async fn phase(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// `/readyz` and the writer's and database's lines of `/metrics`: what a
+/// failed recovery leaves to read.
+async fn node_state(app: &TestApp) -> String {
+    let mut state = String::new();
+    for path in ["/readyz", "/metrics"] {
+        let body = match app.http.get(format!("{}{path}", app.address)).send().await {
+            Ok(res) => format!("{} {}", res.status(), res.text().await.unwrap_or_default()),
+            Err(err) => format!("{err}"),
+        };
+        let keep = |l: &&str| {
+            path == "/readyz"
+                || (!l.starts_with('#')
+                    && ["writer", "database", "fault", "checkpoint", "wal"]
+                        .iter()
+                        .any(|k| l.contains(k)))
+        };
+        state.push_str(&format!("{path}:\n"));
+        for line in body.lines().filter(keep) {
+            state.push_str(line);
+            state.push('\n');
+        }
+    }
+    state
+}
+
 /// The fault a run goes through.
 trait Fault {
     /// Starts it once traffic flows (the database stops accepting writes).
@@ -244,6 +269,7 @@ async fn run_through(
     mut fault: impl Fault,
     expect_not_ready: bool,
 ) {
+    capture_logs();
     let app = Arc::new(
         spawn_app_with({
             let customize = customize.clone();
@@ -286,11 +312,23 @@ async fn run_through(
     let refused = seen.refused.load(Ordering::SeqCst);
     fault.end(&app).await;
     seen.recovered.store(true, Ordering::SeqCst);
-    phase("publishes and ACKs commit again", || {
-        seen.published_after.load(Ordering::SeqCst) >= 3
-            && seen.acks_after.load(Ordering::SeqCst) >= 3
-    })
-    .await;
+    let refused_before = seen.refused.load(Ordering::SeqCst);
+    let deadline = Instant::now() + PHASE;
+    while seen.published_after.load(Ordering::SeqCst) < 3
+        || seen.acks_after.load(Ordering::SeqCst) < 3
+    {
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out waiting until publishes and ACKs commit again: {} publishes and {} ACKs confirmed since the fault ended, {} refused since; the node said:\n{}\nthe nodes of this process logged:\n{}",
+                seen.published_after.load(Ordering::SeqCst),
+                seen.acks_after.load(Ordering::SeqCst),
+                seen.refused.load(Ordering::SeqCst) - refused_before,
+                node_state(&app).await,
+                captured_logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     seen.stop.store(true, Ordering::SeqCst);
     for task in tasks {
         task.await.unwrap();

@@ -716,3 +716,50 @@ pub fn test_http_client() -> reqwest::Client {
         .build()
         .expect("build the tests' HTTP client")
 }
+
+/// The last lines the nodes of this test process logged (every node's, at
+/// `warn` and above, and the store's at `debug`), once [`capture_logs`]
+/// ran: what a test that failed on what a node did prints.
+static LOG_TAIL: std::sync::Mutex<std::collections::VecDeque<String>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+const LOG_TAIL_LINES: usize = 2_000;
+
+struct LogTail;
+
+impl std::io::Write for LogTail {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut tail = LOG_TAIL.lock().unwrap_or_else(|e| e.into_inner());
+        for line in String::from_utf8_lossy(buf).lines() {
+            if tail.len() == LOG_TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(line.to_owned());
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Keeps the nodes' log lines in memory from now on (see [`LOG_TAIL`]);
+/// later calls do nothing.
+pub fn capture_logs() {
+    use tracing_subscriber::{EnvFilter, fmt};
+    let _ = fmt()
+        .with_env_filter(EnvFilter::new("warn,orbit_events::store=debug"))
+        .with_ansi(false)
+        .with_writer(|| LogTail)
+        .try_init();
+}
+
+/// The captured log lines (see [`capture_logs`]), oldest first.
+pub fn captured_logs() -> String {
+    let tail = LOG_TAIL.lock().unwrap_or_else(|e| e.into_inner());
+    tail.iter().fold(String::new(), |mut all, line| {
+        all.push_str(line);
+        all.push('\n');
+        all
+    })
+}

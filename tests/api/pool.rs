@@ -372,8 +372,8 @@ async fn while_all_4_claim_slots_are_stuck_in_a_slow_claim_a_ping_on_another_con
     claims_settled(&app, 5).await;
 
     // Held right after BEGIN: on SQLite the first claim holds the write
-    // lock and the other three wait for it; on PostgreSQL each holds a
-    // connection in an open transaction.
+    // lock and the other three wait for it; on PostgreSQL each is held
+    // right before its one statement (decision 0109).
     app.state
         .pool
         .send(HoldClaims(Some(HoldPoint::InsideTransaction)))

@@ -361,6 +361,38 @@ impl Writer {
         }
     }
 
+    /// PostgreSQL: runs `body`, which sends exactly one statement, outside
+    /// any explicit transaction, so that the server runs it in a
+    /// transaction of its own and commits it when it ends: one round trip
+    /// instead of `BEGIN`, the statement and `COMMIT` (decision 0109). Its
+    /// answer is returned only after that commit: the server sends
+    /// `ReadyForQuery` after committing (after the WAL flush, with
+    /// `synchronous_commit = on`), an error of the commit after the rows,
+    /// and the driver ends the statement's rows only there. A fault is
+    /// recorded as a transaction's is; `body` runs again when PostgreSQL
+    /// aborted it for a deadlock or a serialization conflict, at most
+    /// [`ATTEMPTS`] times. `Err`: nothing was written, or (a connection lost
+    /// at the end) as for a `COMMIT` whose answer was lost.
+    pub async fn write_statement<T, F>(&self, mut body: F) -> Result<T, StoreError>
+    where
+        F: for<'c> AsyncFnMut(&'c DatabaseConnection) -> Result<T, StoreError>,
+    {
+        let mut attempt = 1;
+        loop {
+            match body(&self.conn).await {
+                Ok(answer) => {
+                    self.health.committed();
+                    return Ok(answer);
+                }
+                Err(err) if attempt < ATTEMPTS && is_transient(&err) => attempt += 1,
+                Err(err) => {
+                    self.record(&err);
+                    return Err(err);
+                }
+            }
+        }
+    }
+
     /// Records `err` (a failed `BEGIN`, `COMMIT` or `ROLLBACK`) as a fault
     /// if it is one; returns it.
     pub(super) fn fault(&self, err: DbErr) -> StoreError {
