@@ -1,22 +1,26 @@
-//! The claim on PostgreSQL: one call of `orbit_claim_batch` (migration
-//! 0108) instead of twelve statements, each a round trip (decision 0108),
-//! run alone in a transaction of its own (decision 0109). The rules are the ones `claim.rs` and
-//! `materialize.rs` carry out on SQLite; the node gives the function the
-//! lease digests and delivery ids it may use, keeps the secrets, and turns
-//! the rows it returns into one outcome per claim.
+//! The claim and the publish batch on PostgreSQL, each one call of a
+//! server-side function instead of a statement per step, each a round
+//! trip. The claim: `orbit_claim_batch` (migration and decision 0108), run
+//! alone in a transaction of its own (decision 0109). The publish:
+//! `orbit_publish_batch` (migration and decision 0110), inside the batch's
+//! transaction. The rules are the ones `claim.rs`, `materialize.rs` and
+//! `publish.rs` carry out on SQLite; the node gives the functions the ids
+//! (and lease digests) they may use, keeps the secrets, and turns the rows
+//! they return into one outcome per claim or request.
 
 use std::collections::HashMap;
 
-use entity::delivery;
+use entity::{delivery, idempotency_record};
 use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, QueryResult, Statement};
 
 use crate::{
-    domain::{DeliveryId, LeaseSecret, QueueId, Timestamp, now},
+    domain::{DeliveryId, EventId, LeaseSecret, QueueId, Timestamp, now, ordered_hex_id},
     journal::RenderedEvent,
     store::{
         StoreError,
         claim::{self, ClaimOutcome, ClaimTarget, Recovered},
         materialize::{MATERIALIZE_BATCH, Materialized},
+        publish::{BatchWritten, PublishRequest, PublishResult},
     },
 };
 
@@ -267,4 +271,136 @@ fn event_of(row: &QueryResult) -> Result<RenderedEvent, StoreError> {
         details: raw("e_details")?,
         snapshot: raw("e_snapshot")?,
     })
+}
+
+/// The call of a publish batch; its rows are described in migration 0110.
+const PUBLISH_BATCH: &str = "SELECT * FROM orbit_publish_batch($1::jsonb, $2::jsonb, $3, $4)";
+
+/// A publish batch's statements (`publish.rs`'s `write_statements` on
+/// SQLite) in one call of `orbit_publish_batch` inside `txn` (decision
+/// 0110): the live records under the keys of `firsts` (requests of
+/// `requests`), the appends of the others in request order and their
+/// records. The node gives the event and record ids and renders each
+/// answer from the sequences the call returns, as the call rendered the
+/// record it stored.
+pub(crate) async fn publish_batch(
+    txn: &impl ConnectionTrait,
+    requests: &[PublishRequest],
+    firsts: &[usize],
+    now: Timestamp,
+    expires_at: Timestamp,
+) -> Result<BatchWritten, StoreError> {
+    let mut listed = Vec::with_capacity(firsts.len());
+    let mut ids: Vec<Vec<EventId>> = Vec::with_capacity(firsts.len());
+    let mut events = Vec::new();
+    for (k, &i) in firsts.iter().enumerate() {
+        let request = &requests[i];
+        let id = &request.identity;
+        listed.push((
+            id.credential_id.as_str(),
+            id.key.as_str(),
+            id.operation,
+            id.target.as_str(),
+            id.request_digest.as_str(),
+            ordered_hex_id(),
+            request.queue_id.as_str(),
+            request.results.len(),
+        ));
+        let mut of_request = Vec::with_capacity(request.results.len());
+        for (offset, r) in request.results.iter().enumerate() {
+            let event_id = EventId::generate();
+            events.push((
+                k + 1,
+                offset,
+                event_id.as_str().to_owned(),
+                r.result_type.as_str(),
+                r.aggregate_id.as_str(),
+                r.aggregate_revision.as_str(),
+                r.occurred_at.micros(),
+                r.details.as_str(),
+                r.snapshot.as_str(),
+            ));
+            of_request.push(event_id);
+        }
+        ids.push(of_request);
+    }
+    let values: Vec<sea_orm::Value> = vec![
+        json_text(&listed)?.into(),
+        json_text(&events)?.into(),
+        now.micros().into(),
+        expires_at.micros().into(),
+    ];
+    let rows = txn
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            PUBLISH_BATCH,
+            values,
+        ))
+        .await?;
+    let mut written = BatchWritten {
+        live: HashMap::new(),
+        appended: Vec::new(),
+        inserted: 0,
+    };
+    for row in rows {
+        let kind: String = row.try_get("", "o_kind")?;
+        let request = |row: &QueryResult| -> Result<usize, StoreError> {
+            let k: i32 = row.try_get("", "o_i")?;
+            usize::try_from(k - 1)
+                .ok()
+                .filter(|&k| k < firsts.len())
+                .ok_or_else(|| StoreError::invariant(format!("the publish call named request {k}")))
+        };
+        match kind.as_str() {
+            "record" => {
+                let record = idempotency_record::Model {
+                    id: row.try_get("", "r_id")?,
+                    credential_id: row.try_get("", "r_credential_id")?,
+                    key: row.try_get("", "r_key")?,
+                    operation: row.try_get("", "r_operation")?,
+                    target: row.try_get("", "r_target")?,
+                    request_digest: row.try_get("", "r_request_digest")?,
+                    status: row.try_get("", "r_status")?,
+                    response: row.try_get("", "r_response")?,
+                    expires_at: row.try_get("", "r_expires_at")?,
+                    created_at: row.try_get("", "r_created_at")?,
+                };
+                written
+                    .live
+                    .insert((record.credential_id.clone(), record.key.clone()), record);
+            }
+            "appended" => {
+                let k = request(&row)?;
+                let first: Option<i64> = row.try_get("", "o_sequence")?;
+                let events: Vec<(EventId, i64)> = ids[k]
+                    .iter()
+                    .zip(first.unwrap_or(0)..)
+                    .map(|(id, sequence)| (id.clone(), sequence))
+                    .collect();
+                written
+                    .appended
+                    .push((firsts[k], Some(PublishResult::fresh(&events)?)));
+            }
+            "missing" => {
+                let k = request(&row)?;
+                written.appended.push((firsts[k], None));
+            }
+            "records" => {
+                let inserted: Option<i64> = row.try_get("", "o_sequence")?;
+                written.inserted = inserted.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+            }
+            other => {
+                return Err(StoreError::invariant(format!(
+                    "the publish call returned a row of kind {other}"
+                )));
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// `value` as JSON text, a parameter of a call.
+fn json_text(value: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::invariant(format!("rendering a call's parameter: {e}")))
 }

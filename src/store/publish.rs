@@ -2,9 +2,13 @@
 //! several publish requests per transaction (group commit, decision 0063).
 
 use crate::store::StoreError;
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
-use sea_orm::DbErr;
+use entity::idempotency_record;
+use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -19,7 +23,7 @@ use crate::{
     store::{
         Commitment, Database, WriteError, WriteTxn,
         idempotency::{self, WriteIdentity},
-        sqlite,
+        postgres, sqlite,
         writer::batch_or_each,
     },
 };
@@ -71,7 +75,7 @@ pub struct PublishResult {
 
 impl PublishResult {
     /// The answer of a fresh publish of `events` (ids and sequences).
-    fn fresh(events: &[(EventId, i64)]) -> Result<Value, StoreError> {
+    pub(crate) fn fresh(events: &[(EventId, i64)]) -> Result<Value, StoreError> {
         let events = events
             .iter()
             .map(|(id, seq)| AppendedEvent {
@@ -174,67 +178,45 @@ async fn publish_in(
     t: Timestamp,
     written: &Written<'_>,
 ) -> std::result::Result<Vec<Option<Result<Published>>>, Undone> {
-    let identities: Vec<&WriteIdentity> = requests.iter().map(|r| &r.identity).collect();
-    let live = match txn.sqlite(|conn| sqlite::publish::live_records(conn, &identities, t)) {
-        Some(live) => live?,
-        None => idempotency::live_records(&**txn, &identities, t).await?,
-    };
     let mut outcomes: Vec<Option<Result<Published>>> = vec![None; requests.len()];
+    // The first request of each key is written (or answered from its
+    // record); a later one is left `None`, a repeat of it.
     let mut seen = HashSet::new();
-    let mut fresh = Vec::new();
+    let mut firsts = Vec::new();
     for (i, request) in requests.iter().enumerate() {
         if request.commitment.abandoned() {
             // Its deadline passed (and answered 503) before the batch got
             // to it: nothing of it is written (http-api.md §1).
             outcomes[i] = Some(Err(Error::unavailable("the request passed its deadline")));
-            continue;
-        }
-        let id = &request.identity;
-        let key = (
-            id.credential_id.as_str().to_owned(),
-            id.key.as_str().to_owned(),
-        );
-        if let Some(record) = live.get(&key) {
-            outcomes[i] = Some(idempotency::stored_answer(record, id).map(Published::Replay));
-        } else if seen.insert(key) {
-            fresh.push(i);
-        }
-        // else: a repeat of an earlier request of this batch, left `None`.
-    }
-
-    let appends: Vec<(&QueueId, &[NewResult])> = fresh
-        .iter()
-        .map(|&i| (&requests[i].queue_id, requests[i].results.as_slice()))
-        .collect();
-    let appended = match txn.sqlite(|conn| sqlite::publish::append_many(conn, &appends, t)) {
-        Some(appended) => appended?,
-        None => journal::append_many(&**txn, &appends, t).await?,
-    };
-    let mut finished = Vec::with_capacity(fresh.len());
-    for (&i, events) in fresh.iter().zip(appended) {
-        match events {
-            Some(events) => {
-                // Rendering strings cannot fail in practice; if it did, the
-                // events of this request would lack their response: the
-                // whole batch fails instead.
-                let data = PublishResult::fresh(&events)?;
-                outcomes[i] = Some(Ok(Published::Fresh(data.clone())));
-                finished.push((i, data));
-            }
-            None => outcomes[i] = Some(Err(Error::not_found("queue not found"))),
+        } else if seen.insert(key_of(&request.identity)) {
+            firsts.push(i);
         }
     }
-    let records: Vec<(&WriteIdentity, u16, &Value)> = finished
-        .iter()
-        .map(|(i, data)| (&requests[*i].identity, 201, data))
-        .collect();
     let expires_at = t.plus(ttl);
-    let inserted =
-        match txn.sqlite(|conn| sqlite::publish::insert_finished(conn, &records, t, expires_at)) {
-            Some(inserted) => inserted?,
-            None => idempotency::insert_finished(&**txn, &records, t, expires_at).await?,
-        };
-    if inserted != records.len() as u64 {
+    let batch = if txn.get_database_backend() == DbBackend::Postgres {
+        postgres::publish_batch(&**txn, requests, &firsts, t, expires_at).await?
+    } else {
+        write_statements(txn, requests, &firsts, t, expires_at).await?
+    };
+    for (i, request) in requests.iter().enumerate() {
+        if outcomes[i].is_none()
+            && let Some(record) = batch.live.get(&key_of(&request.identity))
+        {
+            outcomes[i] =
+                Some(idempotency::stored_answer(record, &request.identity).map(Published::Replay));
+        }
+    }
+    let mut finished = Vec::with_capacity(batch.appended.len());
+    for (i, data) in batch.appended {
+        outcomes[i] = Some(match data {
+            Some(data) => {
+                finished.push(i);
+                Ok(Published::Fresh(data))
+            }
+            None => Err(Error::not_found("queue not found")),
+        });
+    }
+    if batch.inserted != finished.len() as u64 {
         return Err(Undone::KeyRecordedMeanwhile);
     }
     // Only the `COMMIT` is left (on SQLite: the rest of this write round,
@@ -242,16 +224,92 @@ async fn publish_in(
     // for this batch's outcome, deadline or not. Every one is asked, so
     // that a new attempt finds all of them decided.
     let mut abandoned = false;
-    for (i, _) in &finished {
-        abandoned |= !requests[*i].commitment.commit();
+    for &i in &finished {
+        abandoned |= !requests[i].commitment.commit();
     }
     if abandoned {
         return Err(Undone::AbandonedMeanwhile);
     }
-    for (i, _) in &finished {
-        written(&requests[*i].queue_id, requests[*i].results.len() as u64);
+    for &i in &finished {
+        written(&requests[i].queue_id, requests[i].results.len() as u64);
     }
     Ok(outcomes)
+}
+
+/// `(credential id, key)` of a write, as records are keyed.
+pub(crate) fn key_of(identity: &WriteIdentity) -> (String, String) {
+    (
+        identity.credential_id.as_str().to_owned(),
+        identity.key.as_str().to_owned(),
+    )
+}
+
+/// What the statements of a publish batch did.
+pub(crate) struct BatchWritten {
+    /// The live records under the batch's keys (each request they hold is
+    /// answered from its record, nothing of it written).
+    pub live: HashMap<(String, String), idempotency_record::Model>,
+    /// Each other request of `firsts`, in order: its answer `data` (its
+    /// results appended, its record inserted with the others), or `None`
+    /// when its queue does not exist (nothing written).
+    pub appended: Vec<(usize, Option<Value>)>,
+    /// Records inserted: fewer than requests appended means another
+    /// transaction recorded one of the keys meanwhile (PostgreSQL).
+    pub inserted: u64,
+}
+
+/// The batch's statements one by one (SQLite in place, or through
+/// sea-orm): the live records under the keys of `firsts` (requests of
+/// `requests`), after deleting the expired ones; the appends of the other
+/// requests ([`journal::append_many`]: in request order, one counter-row
+/// update per queue and one insert for all events); their records (HTTP
+/// 201, the [`PublishResult`], expiring at `expires_at`) in one insert.
+async fn write_statements(
+    txn: &WriteTxn,
+    requests: &[PublishRequest],
+    firsts: &[usize],
+    t: Timestamp,
+    expires_at: Timestamp,
+) -> Result<BatchWritten, StoreError> {
+    let identities: Vec<&WriteIdentity> = firsts.iter().map(|&i| &requests[i].identity).collect();
+    let live = match txn.sqlite(|conn| sqlite::publish::live_records(conn, &identities, t)) {
+        Some(live) => live?,
+        None => idempotency::live_records(&**txn, &identities, t).await?,
+    };
+    let fresh: Vec<usize> = firsts
+        .iter()
+        .copied()
+        .filter(|&i| !live.contains_key(&key_of(&requests[i].identity)))
+        .collect();
+    let appends: Vec<(&QueueId, &[NewResult])> = fresh
+        .iter()
+        .map(|&i| (&requests[i].queue_id, requests[i].results.as_slice()))
+        .collect();
+    let appended_events = match txn.sqlite(|conn| sqlite::publish::append_many(conn, &appends, t)) {
+        Some(appended) => appended?,
+        None => journal::append_many(&**txn, &appends, t).await?,
+    };
+    let mut appended = Vec::with_capacity(fresh.len());
+    for (&i, events) in fresh.iter().zip(appended_events) {
+        // Rendering strings cannot fail in practice; if it did, the events
+        // of this request would lack their response: the whole batch fails
+        // instead.
+        appended.push((i, events.as_deref().map(PublishResult::fresh).transpose()?));
+    }
+    let records: Vec<(&WriteIdentity, u16, &Value)> = appended
+        .iter()
+        .filter_map(|(i, data)| Some((&requests[*i].identity, 201, data.as_ref()?)))
+        .collect();
+    let inserted =
+        match txn.sqlite(|conn| sqlite::publish::insert_finished(conn, &records, t, expires_at)) {
+            Some(inserted) => inserted?,
+            None => idempotency::insert_finished(&**txn, &records, t, expires_at).await?,
+        };
+    Ok(BatchWritten {
+        live,
+        appended,
+        inserted,
+    })
 }
 
 /// Told of each fresh request's queue and result count once its statements
