@@ -342,15 +342,16 @@ pub(crate) async fn publish_batch(
         appended: Vec::new(),
         inserted: 0,
     };
+    // The request of a row, as an index into `firsts`.
+    let request = |row: &QueryResult| -> Result<usize, StoreError> {
+        let k: i32 = row.try_get("", "o_i")?;
+        usize::try_from(k - 1)
+            .ok()
+            .filter(|&k| k < firsts.len())
+            .ok_or_else(|| StoreError::invariant(format!("the publish call named request {k}")))
+    };
     for row in rows {
         let kind: String = row.try_get("", "o_kind")?;
-        let request = |row: &QueryResult| -> Result<usize, StoreError> {
-            let k: i32 = row.try_get("", "o_i")?;
-            usize::try_from(k - 1)
-                .ok()
-                .filter(|&k| k < firsts.len())
-                .ok_or_else(|| StoreError::invariant(format!("the publish call named request {k}")))
-        };
         match kind.as_str() {
             "record" => {
                 let record = idempotency_record::Model {

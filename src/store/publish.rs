@@ -237,7 +237,7 @@ async fn publish_in(
 }
 
 /// `(credential id, key)` of a write, as records are keyed.
-pub(crate) fn key_of(identity: &WriteIdentity) -> (String, String) {
+fn key_of(identity: &WriteIdentity) -> (String, String) {
     (
         identity.credential_id.as_str().to_owned(),
         identity.key.as_str().to_owned(),

@@ -182,36 +182,17 @@ async fn a_lease_or_an_ack_whose_commit_fails_after_its_statement_ran_is_never_a
     .await;
     crate::http_support::execute(&app, &fail_at_commit("LEASED")).await;
 
-    let claim_errors = || async {
-        let text = app
-            .http
-            .get(format!("{}/metrics", app.address))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find(|l| l.starts_with("orbit_events_database_errors_total{operation=\"claim\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
     app.publish(&cred, vec![result(&cred.queue_id, "task.succeeded")])
         .await;
     crate::protocol_support::wait_until("a claim failed at its commit", || async {
-        claim_errors().await >= 1.0
+        crate::metrics::scrape(&app).await.value(
+            "orbit_events_database_errors_total",
+            &[("operation", "claim")],
+        ) >= 1.0
     })
     .await;
-    // The session hears that its claim failed (`UNAVAILABLE`, then the
-    // close), never of the lease.
-    while let Some(Received::Frame(frame)) = ws.recv_within(Duration::from_millis(200)).await {
-        assert_eq!(
-            frame["type"], "error",
-            "a lease whose commit failed: {frame:#}"
-        );
-        assert_eq!(frame["error"]["code"], "UNAVAILABLE", "{frame:#}");
-    }
+    // The session hears that its claim failed, never of the lease.
+    unavailable_then_closed(&mut ws, "a lease whose commit failed").await;
     assert_eq!(
         app.scalar("SELECT count(*) FROM deliveries WHERE state = 'LEASED'")
             .await,
@@ -233,14 +214,8 @@ async fn a_lease_or_an_ack_whose_commit_fails_after_its_statement_ran_is_never_a
         }),
     );
     ws.send_json(ack).await;
-    // Answered `UNAVAILABLE` (then the close), never `ack`.
-    while let Some(Received::Frame(frame)) = ws.recv_within(Duration::from_millis(200)).await {
-        assert_eq!(
-            frame["type"], "error",
-            "an ACK whose commit failed: {frame:#}"
-        );
-        assert_eq!(frame["error"]["code"], "UNAVAILABLE", "{frame:#}");
-    }
+    // Answered `UNAVAILABLE`, never `ack`.
+    unavailable_then_closed(&mut ws, "an ACK whose commit failed").await;
     assert_eq!(
         app.scalar("SELECT count(*) FROM deliveries WHERE state = 'ACKED'")
             .await,
@@ -262,4 +237,13 @@ async fn a_lease_or_an_ack_whose_commit_fails_after_its_statement_ran_is_never_a
             .await,
         1
     );
+}
+
+/// Reads `ws` until it closes or stays quiet: every frame must be an
+/// `UNAVAILABLE` error (`what` names the write whose commit failed).
+async fn unavailable_then_closed(ws: &mut WsClient, what: &str) {
+    while let Some(Received::Frame(frame)) = ws.recv_within(Duration::from_millis(200)).await {
+        assert_eq!(frame["type"], "error", "{what}: {frame:#}");
+        assert_eq!(frame["error"]["code"], "UNAVAILABLE", "{what}: {frame:#}");
+    }
 }
