@@ -81,7 +81,15 @@ async fn delivery_state(app: &TestApp, token: &str, sub_id: &str, id: &str) -> V
 #[actix_web::test]
 async fn a_delivery_history_shows_every_lease_how_it_ended_a_refused_ack_the_retry_and_the_ack_in_order()
  {
-    let app = spawn_sweeping_app().await;
+    // Session A must close while lease 2 is live (between the delivery, a
+    // refused ACK and the close): 300 ms was once too short on a loaded CI
+    // machine, and the history rightly showed no SESSION_CLOSED.
+    let app = spawn_app_with(|s| {
+        s.timing.lease_ms = 1_000;
+        s.timing.scan_interval_ms = 50;
+        s.timing.sweep_interval_ms = 100;
+    })
+    .await;
     let cred = app.bootstrap().await;
     let sub = app
         .subscribe(&cred, json!({ "from_sequence": "0", "max_attempts": 2 }))
