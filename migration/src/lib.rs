@@ -18,6 +18,7 @@ mod m20261206_000100_listing_indexes_in_insert_order;
 mod m20261207_000106_lapsed_lease_index_not_null;
 mod m20261207_000108_claim_function;
 mod m20261207_000110_publish_function;
+mod m20261207_000111_publish_alone;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -39,6 +40,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261207_000106_lapsed_lease_index_not_null::Migration),
             Box::new(m20261207_000108_claim_function::Migration),
             Box::new(m20261207_000110_publish_function::Migration),
+            Box::new(m20261207_000111_publish_alone::Migration),
         ]
     }
 }

@@ -14,7 +14,7 @@ use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
 #[derive(DeriveMigrationName)]
 pub struct Migration;
 
-const FUNCTION: &str = r#"
+pub(crate) const FUNCTION: &str = r#"
 -- A batch of publish requests, each the first of its key in the batch.
 -- p_requests: a JSON list (jsonb: parsed once, its fields read cheaply), request i (from 1) is [credential id, key,
 -- operation, target, request digest, record id, queue id, result count].

@@ -147,8 +147,6 @@ async fn answer(
         let err = Error::not_found("no such route").with_request_id(request_id.as_str());
         return Err(err.into());
     }
-    let commitment = Commitment::new();
-    req.extensions_mut().insert(commitment.clone());
     // The path as the router matches it (percent-decoded: `/%64ocs/` is
     // `/docs/`).
     let raw = is_raw_path(req.match_info().as_str());
@@ -156,6 +154,11 @@ async fn answer(
     let deadline = state
         .as_ref()
         .map(|s| s.settings.timing.http_request_timeout());
+    let commitment = match deadline {
+        Some(deadline) if !raw => Commitment::until(tokio::time::Instant::now() + deadline),
+        _ => Commitment::new(),
+    };
+    req.extensions_mut().insert(commitment.clone());
     // Answers of UNAVAILABLE are the database failing (or too slow for the
     // deadline): counted in `orbit_events_database_errors_total{operation="http"}`.
     let count_unavailable = |err: &Error| {

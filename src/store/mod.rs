@@ -407,13 +407,23 @@ impl Waiter {
 ///   real outcome, whatever the deadline. Not before the statements: a
 ///   statement can wait for a lock held by anyone, for any time, and the
 ///   deadline must still answer such a request (it is queuing behind the
-///   database, not committing);
+///   database, not committing). The exception is PostgreSQL's publish
+///   batch, one statement committed as it ends (decision 0111): it commits
+///   to its requests first and bounds the statement's lock waits by the
+///   earliest of their deadlines, then answers 503 to those past it;
 /// - the deadline calls [`Commitment::abandon`]; when it wins, the caller
 ///   is answered 503 and the writer leaves the request out.
 ///
 /// Cheap to clone; clones share the decision.
 #[derive(Debug, Clone, Default)]
-pub struct Commitment(Arc<AtomicU8>);
+pub struct Commitment {
+    state: Arc<AtomicU8>,
+    /// When the deadline answers 503, if the request has one: a writer
+    /// that commits to the request before its statement ran (PostgreSQL's
+    /// one-statement publish, decision 0111) bounds that statement's lock
+    /// waits by it.
+    deadline: Option<tokio::time::Instant>,
+}
 
 /// [`Commitment`] states.
 const UNDECIDED: u8 = 0;
@@ -427,14 +437,29 @@ impl Commitment {
         Commitment::default()
     }
 
+    /// An undecided request whose deadline answers 503 at `deadline`.
+    pub fn until(deadline: tokio::time::Instant) -> Commitment {
+        Commitment {
+            state: Arc::default(),
+            deadline: Some(deadline),
+        }
+    }
+
+    /// The request's deadline, if it has one.
+    pub fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.deadline
+    }
+
     /// The writer's side: true when the request may be written (now, or
     /// already, committing); false when its deadline won — write nothing
     /// of it.
     pub fn commit(&self) -> bool {
-        match self
-            .0
-            .compare_exchange(UNDECIDED, COMMITTING, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.state.compare_exchange(
+            UNDECIDED,
+            COMMITTING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => true,
             Err(state) => state == COMMITTING,
         }
@@ -445,7 +470,7 @@ impl Commitment {
     /// before doing work it would throw away, and still calls
     /// [`Commitment::commit`] before its commit).
     pub fn abandoned(&self) -> bool {
-        self.0.load(Ordering::Acquire) == ABANDONED
+        self.state.load(Ordering::Acquire) == ABANDONED
     }
 
     /// The deadline's side: true when nothing of the request is or will be
@@ -453,7 +478,7 @@ impl Commitment {
     /// it first and the caller must wait for that outcome.
     pub fn abandon(&self) -> bool {
         match self
-            .0
+            .state
             .compare_exchange(UNDECIDED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => true,

@@ -2,11 +2,12 @@
 //! server-side function instead of a statement per step, each a round
 //! trip. The claim: `orbit_claim_batch` (migration and decision 0108), run
 //! alone in a transaction of its own (decision 0109). The publish:
-//! `orbit_publish_batch` (migration and decision 0110), inside the batch's
-//! transaction. The rules are the ones `claim.rs`, `materialize.rs` and
-//! `publish.rs` carry out on SQLite; the node gives the functions the ids
-//! (and lease digests) they may use, keeps the secrets, and turns the rows
-//! they return into one outcome per claim or request.
+//! `orbit_publish_batch` (migration and decision 0110) through
+//! `orbit_publish_alone` (0111), also alone. The rules are the ones
+//! `claim.rs`, `materialize.rs` and `publish.rs` carry out on SQLite; the
+//! node gives the functions the ids (and lease digests) they may use, keeps
+//! the secrets, and turns the rows they return into one outcome per claim
+//! or request.
 
 use std::collections::HashMap;
 
@@ -273,22 +274,27 @@ fn event_of(row: &QueryResult) -> Result<RenderedEvent, StoreError> {
     })
 }
 
-/// The call of a publish batch; its rows are described in migration 0110.
-const PUBLISH_BATCH: &str = "SELECT * FROM orbit_publish_batch($1::jsonb, $2::jsonb, $3, $4)";
+/// The call of a publish batch; its rows are described in migrations 0110
+/// and 0111.
+const PUBLISH_BATCH: &str = "SELECT * FROM orbit_publish_alone($1::jsonb, $2::jsonb, $3, $4, $5)";
 
 /// A publish batch's statements (`publish.rs`'s `write_statements` on
-/// SQLite) in one call of `orbit_publish_batch` inside `txn` (decision
-/// 0110): the live records under the keys of `firsts` (requests of
-/// `requests`), the appends of the others in request order and their
-/// records. The node gives the event and record ids and renders each
-/// answer from the sequences the call returns, as the call rendered the
-/// record it stored.
+/// SQLite) in one call of `orbit_publish_alone` on `conn`, outside any
+/// explicit transaction (decisions 0110, 0111): the live records under the
+/// keys of `firsts` (requests of `requests`), the appends of the others in
+/// request order and their records. The node gives the event and record
+/// ids and renders each answer from the sequences the call returns, as the
+/// call rendered the record it stored. Each lock wait of the call lasts at
+/// most `lock_timeout_ms` (0: no bound). `Err`: nothing was written; SQLSTATE
+/// 55P03 ([`is_lock_timeout`]) when a lock wait reached the bound, 40001
+/// (run again) when another transaction recorded one of the keys meanwhile.
 pub(crate) async fn publish_batch(
-    txn: &impl ConnectionTrait,
+    conn: &impl ConnectionTrait,
     requests: &[PublishRequest],
     firsts: &[usize],
     now: Timestamp,
     expires_at: Timestamp,
+    lock_timeout_ms: i32,
 ) -> Result<BatchWritten, StoreError> {
     let mut listed = Vec::with_capacity(firsts.len());
     let mut ids: Vec<Vec<EventId>> = Vec::with_capacity(firsts.len());
@@ -329,8 +335,9 @@ pub(crate) async fn publish_batch(
         json_text(&events)?.into(),
         now.micros().into(),
         expires_at.micros().into(),
+        lock_timeout_ms.into(),
     ];
-    let rows = txn
+    let rows = conn
         .query_all_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             PUBLISH_BATCH,
@@ -398,6 +405,15 @@ pub(crate) async fn publish_batch(
         }
     }
     Ok(written)
+}
+
+/// True when `err` is PostgreSQL's `lock_not_available` (55P03): a lock
+/// wait reached `lock_timeout`, and the statement wrote nothing.
+pub(crate) fn is_lock_timeout(err: &StoreError) -> bool {
+    use sea_orm::{DbErr, RuntimeErr, sqlx};
+    matches!(err.database(),
+        Some(DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)))
+        if matches!(&**e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03")))
 }
 
 /// `value` as JSON text, a parameter of a call.

@@ -8,7 +8,7 @@ use std::{
 };
 
 use entity::idempotency_record;
-use sea_orm::{ConnectionTrait, DbBackend, DbErr};
+use sea_orm::{DbBackend, DbErr};
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -106,13 +106,14 @@ impl PublishResult {
 /// repeat of it. `Err` means the whole batch failed and nothing was written.
 ///
 /// The body runs again (the writer's rule, [`WriteError::again`]) when a
-/// concurrent transaction recorded one of the keys meanwhile (PostgreSQL:
-/// the insert waited for it; the next run decides against that record), or
-/// when the deadline of a request passed while its statements ran (decision
-/// 0014): a request whose deadline won is left out (503); the others are
+/// concurrent transaction recorded one of the keys meanwhile (the insert
+/// waited for it; the next run decides against that record), or when the
+/// deadline of a request passed while its statements ran (decision 0014):
+/// a request whose deadline won is left out (503); the others are
 /// committed to ([`Commitment::commit`]) only after their statements ran,
 /// just before the `COMMIT`, because a statement can wait for a lock for any
-/// time and the deadline must still answer 503 then.
+/// time and the deadline must still answer 503 then. PostgreSQL runs the
+/// batch as one statement instead ([`publish_alone`], decision 0111).
 async fn publish_batch(
     db: &Database,
     requests: &[PublishRequest],
@@ -120,6 +121,9 @@ async fn publish_batch(
     written: &Written<'_>,
 ) -> Result<Vec<Option<Result<Published>>>, StoreError> {
     let t = now();
+    if db.backend() == DbBackend::Postgres {
+        return publish_alone(db, requests, ttl, t, written).await;
+    }
     db.write(async |txn| publish_in(txn, requests, ttl, t, written).await)
         .await
         .map_err(|undone| match undone {
@@ -129,9 +133,114 @@ async fn publish_batch(
         })
 }
 
+/// [`publish_batch`] on PostgreSQL: one call of `orbit_publish_alone`,
+/// committed as the statement ends (decision 0111), so each request is
+/// committed to ([`Commitment::commit`]) before the call. A lock wait of
+/// the call lasts until the earliest deadline among them at most; when one
+/// reaches it, nothing was written, the requests past their deadline are
+/// answered 503 (their callers wait for this answer) and the call runs
+/// again without them. A key recorded by another transaction meanwhile
+/// fails the call as a serialization failure, which the writer runs again.
+async fn publish_alone(
+    db: &Database,
+    requests: &[PublishRequest],
+    ttl: Duration,
+    t: Timestamp,
+    written: &Written<'_>,
+) -> Result<Vec<Option<Result<Published>>>, StoreError> {
+    let expires_at = t.plus(ttl);
+    let mut outcomes: Vec<Option<Result<Published>>> = vec![None; requests.len()];
+    let mut left: Vec<usize> = (0..requests.len()).collect();
+    loop {
+        let at = tokio::time::Instant::now();
+        left.retain(|&i| {
+            let commitment = &requests[i].commitment;
+            let past = commitment.deadline().is_some_and(|d| d <= at);
+            if past || !commitment.commit() {
+                outcomes[i] = Some(Err(past_deadline()));
+                return false;
+            }
+            true
+        });
+        let firsts = firsts_of_keys(requests, &left);
+        // Whole milliseconds, rounded up: the bound never falls before the
+        // deadline, so a lock timeout means at least one request is past it.
+        let lock_timeout_ms = firsts
+            .iter()
+            .filter_map(|&i| requests[i].commitment.deadline())
+            .min()
+            .map_or(0, |d| {
+                let left = d.saturating_duration_since(at).as_micros().div_ceil(1000);
+                i32::try_from(left).unwrap_or(i32::MAX).max(1)
+            });
+        let batch = match db
+            .write_statement(async |conn| {
+                postgres::publish_batch(conn, requests, &firsts, t, expires_at, lock_timeout_ms)
+                    .await
+            })
+            .await
+        {
+            Ok(batch) => batch,
+            // A lock wait reached the earliest deadline: nothing written.
+            Err(err) if postgres::is_lock_timeout(&err) => continue,
+            Err(err) => return Err(err),
+        };
+        for i in answer(requests, &mut outcomes, batch) {
+            written(&requests[i].queue_id, requests[i].results.len() as u64);
+        }
+        return Ok(outcomes);
+    }
+}
+
+/// 503 for a request whose deadline won (http-api.md §1).
+fn past_deadline() -> Error {
+    Error::unavailable("the request passed its deadline")
+}
+
+/// The first request of each key among `candidates` (indexes into
+/// `requests`), in order; a later one is a repeat of it, decided after the
+/// commit ([`publish_each`]).
+fn firsts_of_keys(requests: &[PublishRequest], candidates: &[usize]) -> Vec<usize> {
+    let mut seen = HashSet::new();
+    candidates
+        .iter()
+        .copied()
+        .filter(|&i| seen.insert(key_of(&requests[i].identity)))
+        .collect()
+}
+
+/// Fills `outcomes` from what the batch's statements did: each request
+/// under a live record is answered from it (a replay or 409), each other
+/// one appended or 404. Returns the appended requests, in order.
+fn answer(
+    requests: &[PublishRequest],
+    outcomes: &mut [Option<Result<Published>>],
+    batch: BatchWritten,
+) -> Vec<usize> {
+    for (i, request) in requests.iter().enumerate() {
+        if outcomes[i].is_none()
+            && let Some(record) = batch.live.get(&key_of(&request.identity))
+        {
+            outcomes[i] =
+                Some(idempotency::stored_answer(record, &request.identity).map(Published::Replay));
+        }
+    }
+    let mut finished = Vec::with_capacity(batch.appended.len());
+    for (i, data) in batch.appended {
+        outcomes[i] = Some(match data {
+            Some(data) => {
+                finished.push(i);
+                Ok(Published::Fresh(data))
+            }
+            None => Err(Error::not_found("queue not found")),
+        });
+    }
+    finished
+}
+
 /// Why [`publish_in`] wrote nothing.
 enum Undone {
-    /// A concurrent transaction recorded one of the keys (PostgreSQL).
+    /// A concurrent transaction recorded one of the keys.
     KeyRecordedMeanwhile,
     /// The deadline of a request of the batch passed while its statements
     /// ran (its caller was answered 503): roll back, run again without it.
@@ -170,7 +279,8 @@ impl WriteError for Undone {
     }
 }
 
-/// The statements of [`publish_batch`], inside `txn`.
+/// The statements of [`publish_batch`], inside `txn` (SQLite, or through
+/// sea-orm).
 async fn publish_in(
     txn: &WriteTxn,
     requests: &[PublishRequest],
@@ -179,44 +289,21 @@ async fn publish_in(
     written: &Written<'_>,
 ) -> std::result::Result<Vec<Option<Result<Published>>>, Undone> {
     let mut outcomes: Vec<Option<Result<Published>>> = vec![None; requests.len()];
-    // The first request of each key is written (or answered from its
-    // record); a later one is left `None`, a repeat of it.
-    let mut seen = HashSet::new();
-    let mut firsts = Vec::new();
+    let mut candidates = Vec::with_capacity(requests.len());
     for (i, request) in requests.iter().enumerate() {
         if request.commitment.abandoned() {
             // Its deadline passed (and answered 503) before the batch got
             // to it: nothing of it is written (http-api.md §1).
-            outcomes[i] = Some(Err(Error::unavailable("the request passed its deadline")));
-        } else if seen.insert(key_of(&request.identity)) {
-            firsts.push(i);
+            outcomes[i] = Some(Err(past_deadline()));
+        } else {
+            candidates.push(i);
         }
     }
-    let expires_at = t.plus(ttl);
-    let batch = if txn.get_database_backend() == DbBackend::Postgres {
-        postgres::publish_batch(&**txn, requests, &firsts, t, expires_at).await?
-    } else {
-        write_statements(txn, requests, &firsts, t, expires_at).await?
-    };
-    for (i, request) in requests.iter().enumerate() {
-        if outcomes[i].is_none()
-            && let Some(record) = batch.live.get(&key_of(&request.identity))
-        {
-            outcomes[i] =
-                Some(idempotency::stored_answer(record, &request.identity).map(Published::Replay));
-        }
-    }
-    let mut finished = Vec::with_capacity(batch.appended.len());
-    for (i, data) in batch.appended {
-        outcomes[i] = Some(match data {
-            Some(data) => {
-                finished.push(i);
-                Ok(Published::Fresh(data))
-            }
-            None => Err(Error::not_found("queue not found")),
-        });
-    }
-    if batch.inserted != finished.len() as u64 {
+    let firsts = firsts_of_keys(requests, &candidates);
+    let batch = write_statements(txn, requests, &firsts, t, t.plus(ttl)).await?;
+    let inserted = batch.inserted;
+    let finished = answer(requests, &mut outcomes, batch);
+    if inserted != finished.len() as u64 {
         return Err(Undone::KeyRecordedMeanwhile);
     }
     // Only the `COMMIT` is left (on SQLite: the rest of this write round,

@@ -373,3 +373,58 @@ async fn an_idempotency_record_binds_its_key_for_idempotency_max_age_only() {
         1
     );
 }
+
+/// http-api.md §2 on PostgreSQL (decision 0111): a publish whose key
+/// another transaction records while the publish's statement waits for it
+/// is decided against that record — here a different request, so 409 —
+/// and appends nothing, although its statement had already appended
+/// before it met the key (it fails as a serialization conflict and runs
+/// again).
+#[actix_web::test]
+async fn a_publish_whose_key_another_transaction_records_meanwhile_is_decided_by_that_record() {
+    if skip_unless_postgres() {
+        return;
+    }
+    let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
+    let cred = app.bootstrap().await;
+    let q = cred.queue_id.clone();
+    let far = orbit_events::domain::now().plus(std::time::Duration::from_secs(3600));
+    let record = format!(
+        "INSERT INTO idempotency_records (id, credential_id, key, operation, target, \
+         request_digest, status, response, expires_at, created_at) VALUES \
+         ('{}', '{}', 'raced', 'results.publish', '{q}', 'another request', 201, \
+         '{{\"events\":[],\"deduplicated\":false}}', {}, 0)",
+        orbit_events::domain::ordered_hex_id(),
+        cred.credential_id,
+        far.micros()
+    );
+    let (blocker, txn) = hold_from_outside(&app, "SELECT 1", &record).await;
+    let path = format!("/v1/queues/{q}/results");
+    let body = json!({ "results": [result(&q, "task.succeeded")] });
+    let release = async {
+        eventually(
+            "the publish waits for the other transaction's key",
+            || async {
+                let waiting = app
+                    .scalar(
+                        "SELECT COUNT(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    )
+                    .await;
+                (waiting > 0).then_some(())
+            },
+        )
+        .await;
+        txn.commit().await.unwrap();
+        blocker.close().await.unwrap();
+    };
+    let (res, ()) = tokio::join!(app.post(&path, &cred.token, "raced", &body), release);
+    res.assert_error(409, "IDEMPOTENCY_CONFLICT");
+    let events = app
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM result_events WHERE queue_id = '{q}'"
+        ))
+        .await;
+    assert_eq!(events, 0, "the conflicting publish appended");
+    app.assert_invariants().await;
+}

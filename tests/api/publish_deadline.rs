@@ -1,8 +1,7 @@
 //! The 8 s deadline of a publish (http-api.md §1: on expiry 503
 //! `UNAVAILABLE`, and the transaction is rolled back) against its batch
-//! (decision 0014): the deadline gives way only to a publish whose batch
-//! is about to commit it, never to one whose batch still waits for the
-//! database.
+//! (decisions 0014, 0111): the deadline gives way only to a publish whose
+//! batch is committing it, never to one whose batch still waits for a lock.
 
 use std::time::Duration;
 
@@ -34,11 +33,11 @@ async fn hold_appends(app: &TestApp, queue_id: &str) -> (DatabaseConnection, Dat
     hold_from_outside(app, "DELETE FROM queues WHERE 1 = 0", &pg).await
 }
 
-/// http-api.md §1, decision 0014: a publish whose batch has taken it but
-/// waits for a lock before writing it is not committing yet: at its
-/// deadline it answers 503, and nothing of it is written once the lock is
-/// released (the key then applies afresh). It never waits on the lock's
-/// holder past its deadline.
+/// http-api.md §1, decisions 0014 and 0111: a publish whose batch has
+/// taken it but waits for a lock before writing it answers 503 at its
+/// deadline, and nothing of it is written once the lock is released (the
+/// key then applies afresh). It never waits on the lock's holder past its
+/// deadline.
 #[actix_web::test]
 async fn a_publish_whose_batch_waits_for_a_lock_past_its_deadline_answers_503_and_writes_nothing() {
     let deadline = Duration::from_millis(500);
@@ -67,8 +66,9 @@ async fn a_publish_whose_batch_waits_for_a_lock_past_its_deadline_answers_503_an
     app.assert_invariants().await;
 }
 
-/// One publish request of one result, as the HTTP handler builds it.
-fn request(cred: &Cred, key: &str) -> PublishRequest {
+/// One publish request of one result, as the HTTP handler builds it, with
+/// its deadline `deadline` from now.
+fn request(cred: &Cred, key: &str, deadline: Duration) -> PublishRequest {
     let result = NewResult {
         result_type: ResultType::Succeeded,
         aggregate_id: format!("task-{key}"),
@@ -88,15 +88,26 @@ fn request(cred: &Cred, key: &str) -> PublishRequest {
         .unwrap(),
         queue_id: QueueId::parse(&cred.queue_id).unwrap(),
         results: vec![result],
-        commitment: Commitment::new(),
+        commitment: Commitment::until(tokio::time::Instant::now() + deadline),
     }
 }
 
-/// Decision 0014, on PostgreSQL (where a batch's statements wait for
-/// locks; a SQLite batch holds the write lock from its `BEGIN`): a request
-/// whose deadline passes while its batch's statements for it wait is
-/// still the deadline's to decide; the batch then leaves it out — nothing
-/// of it written — and commits the others of the batch.
+/// When the batch's statement (PostgreSQL) last began waiting for a lock,
+/// in µs since the epoch; 0 while none waits.
+async fn lock_wait_started(app: &TestApp) -> i64 {
+    app.scalar(
+        "SELECT COALESCE(MAX((EXTRACT(EPOCH FROM query_start) * 1000000)::bigint), 0) \
+         FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .await
+}
+
+/// Decision 0111, on PostgreSQL (a batch is one statement, committed as it
+/// ends, so its requests are committed to before it runs): each lock wait
+/// of the batch lasts until the earliest deadline among its requests at
+/// most. A request whose deadline passes while the batch waits is then
+/// answered 503 with nothing of it written, and the batch runs again with
+/// the others, which are written once the lock is free.
 #[actix_web::test]
 async fn a_request_whose_deadline_passes_while_its_batch_waits_for_a_lock_is_left_out_and_the_others_are_written()
  {
@@ -105,36 +116,34 @@ async fn a_request_whose_deadline_passes_while_its_batch_waits_for_a_lock_is_lef
     }
     let app = spawn_app_with(|s| s.timing.scan_interval_ms = 600_000).await;
     let cred = app.bootstrap().await;
-    let (late, kept) = (request(&cred, "late"), request(&cred, "kept"));
-    let (late_deadline, kept_deadline) = (late.commitment.clone(), kept.commitment.clone());
+    let late = request(&cred, "late", Duration::from_millis(300));
+    let kept = request(&cred, "kept", Duration::from_secs(60));
+    let kept_deadline = kept.commitment.clone();
 
     let (blocker, txn) = hold_appends(&app, &cred.queue_id).await;
     let db = app.db.clone();
     let batch = actix_web::rt::spawn(async move {
         publish_each(&db, &[late, kept], Duration::from_secs(3600), &|_, _| {}).await
     });
-    eventually("the batch waits for the queue row", || async {
-        let waiting = app
-            .scalar(
-                "SELECT COUNT(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-        (waiting > 0).then_some(())
+    let first = eventually("the batch waits for the queue row", || async {
+        let started = lock_wait_started(&app).await;
+        (started > 0).then_some(started)
     })
     .await;
-    // Its statements wait: the deadline still decides it.
-    assert!(
-        late_deadline.abandon(),
-        "the batch committed to a request before writing it"
-    );
+    // The wait ends at the late request's deadline; the batch waits again
+    // without it.
+    eventually(
+        "the batch waits again, without the late request",
+        || async { (lock_wait_started(&app).await > first).then_some(()) },
+    )
+    .await;
     txn.rollback().await.unwrap();
     blocker.close().await.unwrap();
 
     let outcomes = batch.await.unwrap();
     match &outcomes[0] {
         Err(err) => assert_eq!(err.code(), ErrorCode::Unavailable, "{err:?}"),
-        Ok(other) => panic!("the abandoned request was answered {other:?}"),
+        Ok(other) => panic!("the request past its deadline was answered {other:?}"),
     }
     match &outcomes[1] {
         Ok(Published::Fresh(data)) => assert_eq!(data["events"][0]["sequence"], json!("1")),
