@@ -19,6 +19,7 @@ mod m20261207_000106_lapsed_lease_index_not_null;
 mod m20261207_000108_claim_function;
 mod m20261207_000110_publish_function;
 mod m20261207_000111_publish_alone;
+mod m20261207_000112_lean_claim_function;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -41,6 +42,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261207_000108_claim_function::Migration),
             Box::new(m20261207_000110_publish_function::Migration),
             Box::new(m20261207_000111_publish_alone::Migration),
+            Box::new(m20261207_000112_lean_claim_function::Migration),
         ]
     }
 }

@@ -13,19 +13,19 @@ use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
 pub struct Migration;
 
 /// The delivery columns of a returned row, from the record `{r}`.
-const DELIVERY: &str = "{r}.id::text, {r}.subscription_id::text, {r}.event_id::text, \
+pub(crate) const DELIVERY: &str = "{r}.id::text, {r}.subscription_id::text, {r}.event_id::text, \
     {r}.sequence, {r}.revision, {r}.state::text, {r}.available_at, {r}.lease_epoch, \
     {r}.leased_at, {r}.lease_until, {r}.lease_digest::text, {r}.lease_session_id::text, \
     {r}.attempts, {r}.attempt_budget, {r}.acknowledged_at, {r}.ack_epoch, \
     {r}.ack_session_id::text, {r}.created_at";
 
 /// A returned row's columns that no delivery fills.
-const NO_DELIVERY: &str = "NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::bigint, \
+pub(crate) const NO_DELIVERY: &str = "NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::bigint, \
     NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text, NULL::text, \
     NULL::int, NULL::int, NULL::bigint, NULL::bigint, NULL::text, NULL::bigint";
 
 /// A returned row's columns that no event fills.
-const NO_EVENT: &str = "NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text, \
+pub(crate) const NO_EVENT: &str = "NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text, \
     NULL::text, NULL::bigint, NULL::text, NULL::text";
 
 /// The functions; `{DELIVERY:x}` stands for [`DELIVERY`] of record `x`.
