@@ -270,6 +270,7 @@ impl From<StoreError> for Error {
             StoreError::Stopping => {
                 Error::unavailable("the node is stopping; retry on another node")
             }
+            StoreError::PastDeadline => Error::unavailable("the request passed its deadline"),
             err => Error::internal(format_args!("store: {err}")),
         };
         e.0.cause = Some(err);

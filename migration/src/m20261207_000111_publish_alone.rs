@@ -7,11 +7,13 @@
 //! that one with both decided inside: a key recorded meanwhile raises
 //! SQLSTATE 40001 (`serialization_failure`: the node runs it again, and
 //! the next run answers from that record), and `p_lock_timeout_ms` > 0
-//! bounds each lock wait (`lock_timeout` for this transaction only; past
-//! it the call fails with 55P03 and writes nothing). The node commits to
-//! its requests before the call and passes the time left before the
-//! earliest of their deadlines. Built from migration 0110's text by the
-//! three edits below, so that the two keep one body.
+//! bounds the call's lock waits together (`lock_timeout`, for this
+//! transaction only, set before each statement that can wait to what is
+//! left of the budget since the statement began; past it the call fails
+//! with 55P03 and writes nothing). The node commits to its requests before
+//! the call and passes the time left before the earliest of their
+//! deadlines. Built from migration 0110's text by the checked edits below,
+//! so that the two keep one body.
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
@@ -32,8 +34,7 @@ const EDITS: [(&str, &str); 3] = [
     ),
     (
         "  v_inserted bigint;\nBEGIN\n",
-        "  v_inserted bigint;\nBEGIN\n  IF p_lock_timeout_ms > 0 THEN\n    \
-         PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);\n  END IF;\n",
+        "  v_inserted bigint;\n  v_budget text;\nBEGIN\n",
     ),
     (
         "  GET DIAGNOSTICS v_inserted = ROW_COUNT;\n",
@@ -45,16 +46,51 @@ const EDITS: [(&str, &str); 3] = [
     ),
 ];
 
-/// The function: migration 0110's text with [`EDITS`] applied.
+/// The statements of 0110's body that wait for locks: the expired records'
+/// lock, each queue's counter update, the records' insert (a key another
+/// transaction is inserting). Before each, [`LOCK_BUDGET`] is inserted at
+/// the statement's indentation.
+const LOCKING: [&str; 3] = [
+    "  PERFORM 1 FROM idempotency_records r, unnest(a_creds, a_keys) AS u(c, k)\n",
+    "    UPDATE queues SET head_sequence = head_sequence + v_total WHERE id = v_queue\n",
+    "  INSERT INTO idempotency_records (id, credential_id, key, operation, target, \
+     request_digest,\n",
+];
+
+/// What is left of the call's lock budget (`p_lock_timeout_ms` from the
+/// statement's start, 1 ms at least) as `lock_timeout`, so that all lock
+/// waits of the call together end by the earliest deadline.
+const LOCK_BUDGET: &str = "IF p_lock_timeout_ms > 0 THEN\n\
+     {i}  v_budget := set_config('lock_timeout', greatest(1, p_lock_timeout_ms - floor(\
+     extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000)::int) || 'ms', \
+     true);\n\
+     {i}END IF;\n";
+
+/// The function: migration 0110's text with [`EDITS`] applied and
+/// [`LOCK_BUDGET`] before each of [`LOCKING`].
 fn function() -> Result<String, DbErr> {
     let mut text = BATCH.to_owned();
-    for (from, to) in EDITS {
-        if !text.contains(from) {
+    let budgeted: Vec<(&str, String)> = LOCKING
+        .iter()
+        .map(|statement| {
+            let indent = &statement[..statement.len() - statement.trim_start().len()];
+            (
+                *statement,
+                format!("{indent}{}{statement}", LOCK_BUDGET.replace("{i}", indent)),
+            )
+        })
+        .collect();
+    let edits = EDITS
+        .iter()
+        .map(|&(from, to)| (from, to.to_owned()))
+        .chain(budgeted);
+    for (from, to) in edits {
+        if text.matches(from).count() != 1 {
             return Err(DbErr::Migration(format!(
-                "migration 0111: migration 0110's function lacks {from:?}"
+                "migration 0111: migration 0110's function does not hold {from:?} once"
             )));
         }
-        text = text.replacen(from, to, 1);
+        text = text.replacen(from, &to, 1);
     }
     Ok(text)
 }
@@ -93,5 +129,10 @@ mod tests {
         assert!(text.contains("orbit_publish_alone("));
         assert!(!text.contains("orbit_publish_batch("));
         assert!(text.contains("serialization_failure"));
+        assert_eq!(
+            text.matches("v_budget := set_config('lock_timeout'")
+                .count(),
+            3
+        );
     }
 }

@@ -30,6 +30,10 @@ pub enum StoreError {
     /// The node is stopping: the write queues no longer take requests.
     #[error("the node is stopping")]
     Stopping,
+    /// A request's deadline passed before its statement was sent (waiting
+    /// for a connection): nothing was written (decision 0111).
+    #[error("a request passed its deadline before its statement ran; nothing was written")]
+    PastDeadline,
     /// The store found the database in a state its own rules exclude.
     #[error("{0}")]
     Invariant(Cow<'static, str>),

@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 
 use entity::{delivery, idempotency_record};
-use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, QueryResult, Statement};
+use sea_orm::{
+    ConnectionTrait, DbBackend, DbErr, FromQueryResult, QueryResult, RuntimeErr, Statement, sqlx,
+};
 
 use crate::{
     domain::{DeliveryId, EventId, LeaseSecret, QueueId, Timestamp, now, ordered_hex_id},
@@ -284,12 +286,13 @@ const PUBLISH_BATCH: &str = "SELECT * FROM orbit_publish_alone($1::jsonb, $2::js
 /// keys of `firsts` (requests of `requests`), the appends of the others in
 /// request order and their records. The node gives the event and record
 /// ids and renders each answer from the sequences the call returns, as the
-/// call rendered the record it stored. Each lock wait of the call lasts at
-/// most `lock_timeout_ms` (0: no bound). `Err`: nothing was written; SQLSTATE
-/// 55P03 ([`is_lock_timeout`]) when a lock wait reached the bound, 40001
-/// (run again) when another transaction recorded one of the keys meanwhile.
+/// call rendered the record it stored. The call's lock waits together last
+/// at most about `lock_timeout_ms` (0: no bound). `Err`: nothing was
+/// written; SQLSTATE 55P03 ([`is_lock_timeout`]) when the lock waits
+/// reached the bound, 40001 (run again) when another transaction recorded
+/// one of the keys meanwhile.
 pub(crate) async fn publish_batch(
-    conn: &impl ConnectionTrait,
+    conn: &mut sqlx::PgConnection,
     requests: &[PublishRequest],
     firsts: &[usize],
     now: Timestamp,
@@ -330,20 +333,18 @@ pub(crate) async fn publish_batch(
         }
         ids.push(of_request);
     }
-    let values: Vec<sea_orm::Value> = vec![
-        json_text(&listed)?.into(),
-        json_text(&events)?.into(),
-        now.micros().into(),
-        expires_at.micros().into(),
-        lock_timeout_ms.into(),
-    ];
-    let rows = conn
-        .query_all_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            PUBLISH_BATCH,
-            values,
-        ))
-        .await?;
+    let rows: Vec<QueryResult> = sqlx::query(PUBLISH_BATCH)
+        .bind(json_text(&listed)?)
+        .bind(json_text(&events)?)
+        .bind(now.micros())
+        .bind(expires_at.micros())
+        .bind(lock_timeout_ms)
+        .fetch_all(conn)
+        .await
+        .map_err(|e| DbErr::Query(RuntimeErr::SqlxError(e.into())))?
+        .into_iter()
+        .map(QueryResult::from)
+        .collect();
     let mut written = BatchWritten {
         live: HashMap::new(),
         appended: Vec::new(),
@@ -407,10 +408,30 @@ pub(crate) async fn publish_batch(
     Ok(written)
 }
 
+/// A connection of `conn`'s pool for one statement, or the pool's error
+/// as sea-orm reports it.
+pub(crate) async fn acquire(
+    conn: &sea_orm::DatabaseConnection,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+    conn.get_postgres_connection_pool()
+        .acquire()
+        .await
+        .map_err(|e| {
+            StoreError::from(match e {
+                sqlx::Error::PoolTimedOut => {
+                    DbErr::ConnectionAcquire(sea_orm::error::ConnAcquireErr::Timeout)
+                }
+                sqlx::Error::PoolClosed => {
+                    DbErr::ConnectionAcquire(sea_orm::error::ConnAcquireErr::ConnectionClosed)
+                }
+                e => DbErr::Conn(RuntimeErr::SqlxError(e.into())),
+            })
+        })
+}
+
 /// True when `err` is PostgreSQL's `lock_not_available` (55P03): a lock
 /// wait reached `lock_timeout`, and the statement wrote nothing.
 pub(crate) fn is_lock_timeout(err: &StoreError) -> bool {
-    use sea_orm::{DbErr, RuntimeErr, sqlx};
     matches!(err.database(),
         Some(DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)))
         if matches!(&**e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03")))

@@ -134,13 +134,16 @@ async fn publish_batch(
 }
 
 /// [`publish_batch`] on PostgreSQL: one call of `orbit_publish_alone`,
-/// committed as the statement ends (decision 0111), so each request is
-/// committed to ([`Commitment::commit`]) before the call. A lock wait of
-/// the call lasts until the earliest deadline among them at most; when one
-/// reaches it, nothing was written, the requests past their deadline are
-/// answered 503 (their callers wait for this answer) and the call runs
-/// again without them. A key recorded by another transaction meanwhile
-/// fails the call as a serialization failure, which the writer runs again.
+/// committed as the statement ends (decision 0111). The call's connection
+/// is taken first, while the requests are still their deadlines' to
+/// decide; then each request is committed to ([`Commitment::commit`]) and
+/// the call's lock waits together last until the earliest of their
+/// deadlines at most. When a deadline comes first (waiting for the
+/// connection or for a lock), nothing was written: the requests past their
+/// deadline are answered 503 (a committed one's caller waits for this
+/// answer) and the call runs again with the others. A key recorded by
+/// another transaction meanwhile fails the call as a serialization
+/// failure, which the writer runs again, with what is left of the bound.
 async fn publish_alone(
     db: &Database,
     requests: &[PublishRequest],
@@ -156,33 +159,56 @@ async fn publish_alone(
         left.retain(|&i| {
             let commitment = &requests[i].commitment;
             let past = commitment.deadline().is_some_and(|d| d <= at);
-            if past || !commitment.commit() {
+            if past || commitment.abandoned() {
                 outcomes[i] = Some(Err(past_deadline()));
                 return false;
             }
             true
         });
+        if left.is_empty() {
+            return Ok(outcomes);
+        }
         let firsts = firsts_of_keys(requests, &left);
-        // Whole milliseconds, rounded up: the bound never falls before the
-        // deadline, so a lock timeout means at least one request is past it.
-        let lock_timeout_ms = firsts
+        // Every request of `left` is committed to, repeats of a key too.
+        let earliest = left
             .iter()
             .filter_map(|&i| requests[i].commitment.deadline())
-            .min()
-            .map_or(0, |d| {
-                let left = d.saturating_duration_since(at).as_micros().div_ceil(1000);
-                i32::try_from(left).unwrap_or(i32::MAX).max(1)
-            });
-        let batch = match db
+            .min();
+        let outcome = db
             .write_statement(async |conn| {
-                postgres::publish_batch(conn, requests, &firsts, t, expires_at, lock_timeout_ms)
+                let acquire = postgres::acquire(conn);
+                let mut pg = match earliest {
+                    Some(deadline) => tokio::time::timeout_at(deadline, acquire)
+                        .await
+                        .map_err(|_| StoreError::PastDeadline)??,
+                    None => acquire.await?,
+                };
+                if !left.iter().all(|&i| requests[i].commitment.commit()) {
+                    return Err(StoreError::PastDeadline);
+                }
+                // Whole milliseconds, rounded up, from now (a run again
+                // after a serialization failure gets what is left): the
+                // bound never ends before the deadline, so a lock timeout
+                // means at least one request is past it.
+                let lock_timeout_ms = match earliest {
+                    None => 0,
+                    Some(deadline) => {
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        if left.is_zero() {
+                            return Err(StoreError::PastDeadline);
+                        }
+                        i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+                    }
+                };
+                postgres::publish_batch(&mut pg, requests, &firsts, t, expires_at, lock_timeout_ms)
                     .await
             })
-            .await
-        {
+            .await;
+        let batch = match outcome {
             Ok(batch) => batch,
-            // A lock wait reached the earliest deadline: nothing written.
-            Err(err) if postgres::is_lock_timeout(&err) => continue,
+            // A deadline came first: nothing written.
+            Err(StoreError::PastDeadline) => continue,
+            Err(err) if earliest.is_some() && postgres::is_lock_timeout(&err) => continue,
             Err(err) => return Err(err),
         };
         for i in answer(requests, &mut outcomes, batch) {
