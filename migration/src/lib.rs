@@ -20,6 +20,7 @@ mod m20261207_000108_claim_function;
 mod m20261207_000110_publish_function;
 mod m20261207_000111_publish_alone;
 mod m20261207_000112_lean_claim_function;
+mod m20261207_000113_claim_reads_a_fresh_head;
 
 /// Applies the migrations in order; used by `orbit-events migrate` and on `serve`.
 pub struct Migrator;
@@ -43,6 +44,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261207_000110_publish_function::Migration),
             Box::new(m20261207_000111_publish_alone::Migration),
             Box::new(m20261207_000112_lean_claim_function::Migration),
+            Box::new(m20261207_000113_claim_reads_a_fresh_head::Migration),
         ]
     }
 }

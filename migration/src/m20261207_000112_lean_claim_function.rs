@@ -384,7 +384,7 @@ END $$;
 "#;
 
 /// [`FUNCTION`] with its placeholders filled.
-fn function() -> String {
+pub(crate) fn function() -> String {
     FUNCTION
         .replace("{DELIVERY:r}", &DELIVERY.replace("{r}", "r"))
         .replace("{NO_DELIVERY}", NO_DELIVERY)
