@@ -48,3 +48,35 @@ impl MigratorTrait for Migrator {
         ]
     }
 }
+
+/// Runs `sql` on PostgreSQL and nothing on SQLite: the server-side
+/// functions of the hot path (migrations 0108 on) exist on PostgreSQL only.
+async fn on_postgres(manager: &SchemaManager<'_>, sql: &str) -> Result<(), DbErr> {
+    use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
+    let db = manager.get_connection();
+    if db.get_database_backend() == DbBackend::Postgres {
+        db.execute_unprepared(sql).await?;
+    }
+    Ok(())
+}
+
+/// `base` (an earlier migration's function text) with each `(from, to)`
+/// of `edits` applied, in order; `Err` naming `migration` when a `from` is
+/// not in the text exactly once, so that a function built from another
+/// never differs from it silently.
+fn edited<'a>(
+    migration: &str,
+    base: &str,
+    edits: impl IntoIterator<Item = (&'a str, String)>,
+) -> Result<String, DbErr> {
+    let mut text = base.to_owned();
+    for (from, to) in edits {
+        if text.matches(from).count() != 1 {
+            return Err(DbErr::Migration(format!(
+                "migration {migration}: the text it edits does not hold {from:?} once"
+            )));
+        }
+        text = text.replacen(from, &to, 1);
+    }
+    Ok(text)
+}

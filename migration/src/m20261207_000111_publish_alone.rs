@@ -16,7 +16,6 @@
 //! so that the two keep one body.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
 
 use crate::m20261207_000110_publish_function::FUNCTION as BATCH;
 
@@ -69,53 +68,29 @@ const LOCK_BUDGET: &str = "IF p_lock_timeout_ms > 0 THEN\n\
 /// The function: migration 0110's text with [`EDITS`] applied and
 /// [`LOCK_BUDGET`] before each of [`LOCKING`].
 fn function() -> Result<String, DbErr> {
-    let mut text = BATCH.to_owned();
-    let budgeted: Vec<(&str, String)> = LOCKING
-        .iter()
-        .map(|statement| {
-            let indent = &statement[..statement.len() - statement.trim_start().len()];
-            (
-                *statement,
-                format!("{indent}{}{statement}", LOCK_BUDGET.replace("{i}", indent)),
-            )
-        })
-        .collect();
-    let edits = EDITS
-        .iter()
-        .map(|&(from, to)| (from, to.to_owned()))
-        .chain(budgeted);
-    for (from, to) in edits {
-        if text.matches(from).count() != 1 {
-            return Err(DbErr::Migration(format!(
-                "migration 0111: migration 0110's function does not hold {from:?} once"
-            )));
-        }
-        text = text.replacen(from, &to, 1);
-    }
-    Ok(text)
+    let budgeted = LOCKING.iter().map(|statement| {
+        let indent = &statement[..statement.len() - statement.trim_start().len()];
+        (
+            *statement,
+            format!("{indent}{}{statement}", LOCK_BUDGET.replace("{i}", indent)),
+        )
+    });
+    let edits = EDITS.iter().map(|&(from, to)| (from, to.to_owned()));
+    crate::edited("0111", BATCH, edits.chain(budgeted))
 }
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        if db.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        db.execute_unprepared(&function()?).await?;
-        Ok(())
+        crate::on_postgres(manager, &function()?).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        if db.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        db.execute_unprepared(
+        crate::on_postgres(
+            manager,
             "DROP FUNCTION IF EXISTS orbit_publish_alone(jsonb, jsonb, bigint, bigint, int)",
         )
-        .await?;
-        Ok(())
+        .await
     }
 }
 

@@ -11,7 +11,6 @@
 //! by one query.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
 
 use crate::m20261207_000108_claim_function::{DELIVERY, NO_DELIVERY, NO_EVENT};
 
@@ -394,12 +393,7 @@ pub(crate) fn function() -> String {
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        if db.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        db.execute_unprepared(&function()).await?;
-        Ok(())
+        crate::on_postgres(manager, &function()).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {

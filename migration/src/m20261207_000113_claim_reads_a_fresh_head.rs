@@ -11,7 +11,6 @@
 //! the checked edits below. Found by a helper's review.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
 
 use crate::m20261207_000112_lean_claim_function::function as lean;
 
@@ -37,27 +36,14 @@ const EDITS: [(&str, &str); 2] = [
 
 /// The function: migration 0112's text with [`EDITS`] applied.
 fn function() -> Result<String, DbErr> {
-    let mut text = lean();
-    for (from, to) in EDITS {
-        if text.matches(from).count() != 1 {
-            return Err(DbErr::Migration(format!(
-                "migration 0113: migration 0112's function does not hold {from:?} once"
-            )));
-        }
-        text = text.replacen(from, to, 1);
-    }
-    Ok(text)
+    let edits = EDITS.iter().map(|&(from, to)| (from, to.to_owned()));
+    crate::edited("0113", &lean(), edits)
 }
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        if db.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        db.execute_unprepared(&function()?).await?;
-        Ok(())
+        crate::on_postgres(manager, &function()?).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {

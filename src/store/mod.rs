@@ -248,8 +248,8 @@ impl Database {
 
     /// PostgreSQL: `body`'s one statement in a transaction of its own, its
     /// answer after its commit ([`writer::Writer::write_statement`],
-    /// decision 0109): the claim batch and the ACK batch, each a single
-    /// statement there.
+    /// decision 0109): the claim batch, the ACK batch and the publish batch
+    /// (decision 0111), each a single statement there.
     pub async fn write_statement<T, F>(&self, body: F) -> Result<T, StoreError>
     where
         F: for<'c> AsyncFnMut(&'c DatabaseConnection) -> Result<T, StoreError>,
